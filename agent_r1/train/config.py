@@ -1,0 +1,451 @@
+"""One typed configuration tree for training: model, data, rollout, env, algorithm, trainer, logging.
+
+Load it from YAML with dotted command-line overrides::
+
+    config = load_config("configs/arithmetic_grpo.yaml", ["trainer.steps=50", "algorithm.kl_coef=0.01"])
+
+Every field is documented once, here (``metadata["doc"]``). An unknown key or an invalid value raises
+``ConfigError`` naming the dotted key and the reason (with a "did you mean" for near-miss keys).
+Defaults follow the papers: GRPO advantages (Shao et al. 2024, arXiv 2402.03300) with the PPO clipped
+objective (Schulman et al. 2017) and DAPO's asymmetric clip range and token-level loss (Yu et al. 2025,
+arXiv 2503.14476); ``kl_coef = 0`` as in DAPO and Dr. GRPO (Liu et al. 2025, arXiv 2503.20783), which
+both drop the KL term for verifiable-reward training — so no reference model is loaded by default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+__all__ = [
+    "AlgorithmConfig",
+    "ConfigError",
+    "DataConfig",
+    "EnvConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "RolloutConfig",
+    "TrainConfig",
+    "TrainerConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "dump_config",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, always naming the dotted key and why."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"config key '{key}': {why}")
+        self.key = key
+        self.why = why
+
+
+Check = Callable[[Any], str | None]  # returns the reason the value is invalid, or None
+
+
+def _positive(x: Any) -> str | None:
+    return None if x > 0 else f"must be > 0, got {x!r}"
+
+
+def _non_negative(x: Any) -> str | None:
+    return None if x >= 0 else f"must be >= 0, got {x!r}"
+
+
+def _unit_interval(x: Any) -> str | None:
+    return None if 0 <= x <= 1 else f"must be in [0, 1], got {x!r}"
+
+
+def _optional(check: Check) -> Check:
+    return lambda x: None if x is None else check(x)
+
+
+def _opt(default: Any, doc: str, check: Check | None = None) -> Any:
+    """A config field: its default, its one-line documentation and an optional value check."""
+    metadata = {"doc": doc, "check": check}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    if is_dataclass(default):
+        return field(default_factory=lambda: replace(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = _opt(
+        0,
+        "LoRA rank; 0 trains all weights. With LoRA the reference policy is the base model "
+        "with the adapter disabled (no second copy).",
+        _non_negative,
+    )
+    alpha: float = _opt(16.0, "LoRA scaling numerator (scale = alpha / rank).", _positive)
+    dropout: float = _opt(0.0, "Dropout on the LoRA input.", _unit_interval)
+    target_modules: list[str] = _opt(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "Module names that receive adapters.",
+    )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = _opt("", "Hugging Face model folder or hub name of the policy (required).")
+    tokenizer: str | None = _opt(None, "Tokenizer folder; defaults to model.path.")
+    dtype: Literal["float32", "bfloat16"] = _opt("float32", "Parameter and compute dtype of the learner.")
+    gradient_checkpointing: bool = _opt(False, "Recompute activations in the backward pass to save memory.")
+    lora: LoraConfig = _opt(LoraConfig(), "LoRA adapter (peft).")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = _opt(
+        "",
+        "Training tasks: a .parquet / .jsonl / .json file, or a Hugging Face dataset "
+        "name or saved folder (required unless tasks are passed in Python).",
+    )
+    val: str | None = _opt(None, "Validation tasks (same formats); evaluation is skipped when unset.")
+    split: str = _opt("train", "Split to read from a Hugging Face dataset.")
+    val_split: str = _opt("test", "Split to read from a Hugging Face validation dataset.")
+    required_fields: list[str] = _opt(
+        [], "Fields every row must have; a row without one is an error naming the row and the field."
+    )
+    shuffle: bool = _opt(True, "Reshuffle the training tasks every epoch (seeded: resume-exact).")
+    max_val_tasks: int | None = _opt(
+        None, "Evaluate on at most this many validation tasks.", _optional(_positive)
+    )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    n: int = _opt(8, "Samples per task (the group size of GRPO / RLOO baselines).", _positive)
+    temperature: float = _opt(
+        1.0, "Sampling temperature; the learner uses the same one for its log-probs.", _positive
+    )
+    top_p: float = _opt(
+        1.0,
+        "Nucleus sampling (keep 1.0 for unbiased on-policy log-probs).",
+        lambda x: None if 0 < x <= 1 else f"must be in (0, 1], got {x!r}",
+    )
+    top_k: int = _opt(
+        -1,
+        "Top-k sampling; -1 disables it.",
+        lambda x: None if x == -1 or x >= 1 else f"must be -1 or >= 1, got {x!r}",
+    )
+    max_tokens: int = _opt(256, "Maximum response tokens per step.", _positive)
+    max_steps: int = _opt(8, "Maximum agent steps (turns) per trajectory.", _positive)
+    max_prompt_tokens: int = _opt(
+        2048, "Longest prompt shown to the model; longer ones are truncated.", _positive
+    )
+    max_batch_size: int = _opt(64, "Concurrent sequences in the HF engine's continuous batch.", _positive)
+    share_model: bool = _opt(
+        True,
+        "HF engine and learner share one model object (weight sync is a "
+        "version bump); False gives the engine its own copy synced by update_weights.",
+    )
+    eval_temperature: float = _opt(0.0, "Temperature for evaluation rollouts (0 = greedy).", _non_negative)
+    eval_n: int = _opt(1, "Samples per validation task.", _positive)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str = _opt(
+        "",
+        "Environment name in the env registry, or 'package.module:Factory' (required "
+        "unless an env factory is passed in Python).",
+    )
+    kwargs: dict[str, Any] = _opt({}, "Keyword arguments for the environment factory.")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    advantage: str = _opt("grpo", "Advantage estimator name (agent_r1.algos.ADVANTAGE_ESTIMATORS).")
+    policy_loss: str = _opt("ppo_clip", "Policy loss name (agent_r1.algos.POLICY_LOSSES).")
+    loss_aggregation: str = _opt(
+        "token_mean",
+        "How per-token losses become one scalar (agent_r1.algos.LOSS_AGGREGATIONS); DAPO's token-level mean.",
+    )
+    clip_low: float = _opt(0.2, "PPO lower clip: ratio >= 1 - clip_low.", _non_negative)
+    clip_high: float = _opt(0.28, "PPO upper clip: ratio <= 1 + clip_high (DAPO clip-higher).", _non_negative)
+    kl_coef: float = _opt(
+        0.0, "KL penalty weight against the reference policy; > 0 loads a reference.", _non_negative
+    )
+    kl_estimator: str = _opt("k3", "KL estimator name (agent_r1.algos.KL_ESTIMATORS).")
+    entropy_coef: float = _opt(0.0, "Entropy bonus weight.", _non_negative)
+    gamma: float = _opt(1.0, "Discount factor (GAE and return-based estimators).", _unit_interval)
+    lam: float = _opt(1.0, "GAE lambda.", _unit_interval)
+    value_coef: float = _opt(0.5, "Value loss weight (critic estimators only).", _non_negative)
+    value_clip: float | None = _opt(
+        0.2, "Value clipping range (critic estimators only).", _optional(_non_negative)
+    )
+    dynamic_filter: bool = _opt(
+        False, "DAPO dynamic sampling: drop groups whose rewards all agree (zero advantage, no gradient)."
+    )
+    old_logprobs: Literal["learner", "sampler"] = _opt(
+        "learner",
+        "Where PPO's old log-probs come from: the learner's recomputation before the update, or "
+        "the sampler's own log-probs.",
+    )
+    tis_cap: float | None = _opt(
+        None,
+        "Truncated importance sampling (Yao et al. 2025): weight each token "
+        "by min(pi_learner_old / pi_sampler, tis_cap); None disables it.",
+        _optional(_positive),
+    )
+    normalize_advantages: bool = _opt(False, "Whiten advantages over the batch after estimation.")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = _opt(100, "Training steps (one rollout batch + update each).", _positive)
+    tasks_per_step: int = _opt(8, "Tasks sampled per step (each rolled out rollout.n times).", _positive)
+    ppo_epochs: int = _opt(1, "Passes over each rollout batch.", _positive)
+    mini_batches: int = _opt(1, "Optimizer steps per epoch (the batch is split into this many).", _positive)
+    micro_batch_tokens: int = _opt(
+        8192, "Token budget of one forward/backward micro-batch (packed).", _positive
+    )
+    lr: float = _opt(1e-6, "Peak learning rate (AdamW).", _positive)
+    critic_lr: float = _opt(1e-5, "Critic (value head) learning rate.", _positive)
+    weight_decay: float = _opt(0.0, "AdamW weight decay.", _non_negative)
+    betas: list[float] = _opt([0.9, 0.999], "AdamW betas.")
+    warmup_steps: int = _opt(0, "Linear learning-rate warmup, in optimizer steps.", _non_negative)
+    lr_schedule: Literal["cosine", "constant"] = _opt("constant", "Decay after warmup.")
+    min_lr_ratio: float = _opt(0.0, "Cosine floor as a fraction of the peak lr.", _unit_interval)
+    max_grad_norm: float = _opt(1.0, "Gradient clipping norm.", _positive)
+    seed: int = _opt(0, "Seed of data order, sampling and initialisation.")
+    eval_every: int = _opt(
+        0, "Evaluate every k steps (and before the first and after the last); 0 = never.", _non_negative
+    )
+    checkpoint_every: int = _opt(
+        0, "Checkpoint every k steps (and at the end); 0 = only at the end.", _non_negative
+    )
+    keep_checkpoints: int = _opt(2, "Keep the last k checkpoints.", _positive)
+    run_dir: str = _opt("runs/agent-r1", "Run directory (config, metrics, tb, trajectories, checkpoints).")
+    torch_threads: int | None = _opt(
+        None, "torch.set_num_threads; None keeps torch's default.", _optional(_positive)
+    )
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    progress: bool = _opt(True, "Show a rich progress bar.")
+    tensorboard: bool = _opt(True, "Write TensorBoard event files under RUN_DIR/tb.")
+    wandb_project: str | None = _opt(None, "Log to Weights & Biases under this project (needs wandb).")
+    wandb_name: str | None = _opt(None, "W&B run name.")
+    dump_trajectories: bool = _opt(True, "Write each step's trajectories to RUN_DIR/trajectories/.")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = _opt(ModelConfig(), "The policy model.")
+    data: DataConfig = _opt(DataConfig(), "Training and validation tasks.")
+    rollout: RolloutConfig = _opt(RolloutConfig(), "Sampling.")
+    env: EnvConfig = _opt(EnvConfig(), "The environment.")
+    algorithm: AlgorithmConfig = _opt(AlgorithmConfig(), "Advantages, losses, KL.")
+    trainer: TrainerConfig = _opt(TrainerConfig(), "Optimisation and run bookkeeping.")
+    logging: LoggingConfig = _opt(LoggingConfig(), "Progress, TensorBoard, W&B, dumps.")
+
+
+# --- building and validating -------------------------------------------------------------------
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Check ``value`` against the annotation ``tp`` (coercing int -> float and list -> list[...])."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(key, option, value)
+            except ConfigError as e:
+                errors.append(e.why)
+        raise ConfigError(key, "; ".join(errors))
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(key, f"must be one of {list(choices)}, got {value!r}")
+        return value
+    if is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, f"must be a mapping of {tp.__name__} fields, got {value!r}")
+        return _build(tp, value, key)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, f"must be a list, got {value!r}")
+        (item_tp,) = typing.get_args(tp)[:1]
+        return [_coerce(f"{key}[{i}]", item_tp, v) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, f"must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"must be a string, got {value!r}")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} at {key}")
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(dotted, f"unknown key{hint}; known keys: {sorted(known)}")
+    kwargs = {}
+    for name, f in known.items():
+        dotted = f"{prefix}.{name}" if prefix else name
+        if name in data:
+            value = _coerce(dotted, hints[name], data[name])
+        elif f.default is not MISSING:
+            value = f.default
+        else:
+            value = f.default_factory()
+        check = f.metadata.get("check")
+        reason = check(value) if check else None
+        if reason:
+            raise ConfigError(dotted, reason)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def config_from_dict(data: Mapping[str, Any] | None = None) -> TrainConfig:
+    """Build and validate a ``TrainConfig`` from a nested mapping (missing keys take defaults)."""
+    config = _build(TrainConfig, data or {})
+    _check_cross_field(config)
+    return config
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    return asdict(config)
+
+
+def _check_cross_field(config: TrainConfig) -> None:
+    if config.rollout.n == 1 and config.algorithm.advantage in ("grpo", "rloo"):
+        raise ConfigError(
+            "rollout.n", f"the '{config.algorithm.advantage}' baseline needs n >= 2 samples per task"
+        )
+    if len(config.trainer.betas) != 2:
+        raise ConfigError("trainer.betas", f"must hold two numbers, got {config.trainer.betas}")
+    batch = config.trainer.tasks_per_step * config.rollout.n
+    if config.trainer.mini_batches > batch:
+        raise ConfigError(
+            "trainer.mini_batches",
+            f"{config.trainer.mini_batches} mini-batches cannot split {batch} trajectories per step",
+        )
+    _check_registered_names(config)
+
+
+def _check_registered_names(config: TrainConfig) -> None:
+    """Reject unknown algorithm names at load time, naming the key and the available choices."""
+    from agent_r1 import algos
+
+    checks = (
+        ("algorithm.advantage", "ADVANTAGE_ESTIMATORS"),
+        ("algorithm.policy_loss", "POLICY_LOSSES"),
+        ("algorithm.loss_aggregation", "LOSS_AGGREGATIONS"),
+        ("algorithm.kl_estimator", "KL_ESTIMATORS"),
+    )
+    for key, registry_name in checks:
+        registry = getattr(algos, registry_name, None)
+        if registry is None:  # the registry is not importable (e.g. a partial install)
+            continue
+        value = getattr(config.algorithm, key.split(".")[1])
+        if value not in registry:
+            raise ConfigError(key, f"unknown name {value!r}; choose one of {sorted(registry)}")
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars / lists) to a nested dict."""
+    data = _deep_copy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(item, "an override must look like key.subkey=value")
+        dotted, raw = item.split("=", 1)
+        dotted = dotted.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(dotted, f"cannot parse value {raw!r}: {e}") from None
+        parts = dotted.split(".")
+        _check_path(parts)
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(dotted, f"'{part}' is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def _check_path(parts: list[str]) -> None:
+    """Reject an override path that does not exist in the tree, before it is merged."""
+    cls: Any = TrainConfig
+    for i, part in enumerate(parts):
+        if not is_dataclass(cls):
+            if typing.get_origin(cls) is dict:  # free-form mapping (env.kwargs)
+                return
+            raise ConfigError(".".join(parts), f"'{'.'.join(parts[:i])}' is not a section")
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            close = difflib.get_close_matches(part, hints, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(".".join(parts[: i + 1]), f"unknown key{hint}; known keys: {sorted(hints)}")
+        cls = hints[part]
+
+
+def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Load a YAML config file (or start from defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text(encoding="utf-8")
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError("<file>", f"{path} is not valid YAML: {e}") from None
+        if loaded is not None and not isinstance(loaded, Mapping):
+            raise ConfigError(
+                "<root>", f"{path} must hold a mapping of sections, got {type(loaded).__name__}"
+            )
+        data = dict(loaded or {})
+    return config_from_dict(apply_overrides(data, overrides))
+
+
+def dump_config(config: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False), encoding="utf-8")

@@ -4,13 +4,19 @@
 """
 
 from agent_r1.tools.base import Tool, ToolArgumentError, ToolCall, ToolResult, ToolSet, tool, truncate_output
+from agent_r1.tools.formats import FORMATS, ParsedResponse, ToolCallFormat, get_format, register_format
 
 __all__ = [
+    "FORMATS",
+    "ParsedResponse",
     "Tool",
     "ToolArgumentError",
     "ToolCall",
+    "ToolCallFormat",
     "ToolResult",
     "ToolSet",
+    "get_format",
+    "register_format",
     "tool",
     "truncate_output",
 ]

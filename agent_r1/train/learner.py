@@ -1,0 +1,253 @@
+"""The learner: a Hugging Face causal LM policy, its log-probs on packed micro-batches, and updates.
+
+- Log-probs are ``log softmax(logits / temperature)`` over the full vocabulary, the exact quantity the
+  samplers report (``agent_r1.types``); masking logits on one side only would break the PPO ratio.
+- A micro-batch is one packed row (``agent_r1.train.batching``) run with ``position_ids`` restarting
+  per sequence and no attention mask, which Hugging Face turns into a block-diagonal causal mask.
+- Updates accumulate gradients over micro-batches with *global* per-token weights (see
+  ``aggregation_weights``), so the loss of a mini-batch does not depend on how it was cut into
+  micro-batches. A non-finite loss or gradient norm skips the optimizer step (counted in the metrics);
+  nothing non-finite ever reaches the weights.
+- LoRA through peft: the reference policy is the same model with the adapter disabled.
+- The model stays in eval mode (dropout off) except during an update with gradient checkpointing
+  (which Hugging Face only applies in train mode); RL practice trains with dropout 0 so that the
+  learner's distribution is the sampler's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agent_r1.train.batching import MicroBatch
+from agent_r1.train.config import ModelConfig, TrainerConfig
+
+__all__ = [
+    "Learner",
+    "MiniBatch",
+    "TokenLoss",
+    "aggregation_weights",
+    "load_policy",
+    "micro_batch_logprobs",
+    "lr_lambda",
+]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_policy(config: ModelConfig, *, path: str | None = None):
+    """Load the policy from ``config.path`` (or ``path``), apply LoRA and gradient checkpointing."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path or config.path, dtype=DTYPES[config.dtype])
+    if config.lora.rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=config.lora.rank,
+                lora_alpha=config.lora.alpha,
+                lora_dropout=config.lora.dropout,
+                target_modules=list(config.lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if config.lora.rank > 0:
+            model.enable_input_require_grads()
+    model.eval()
+    return model
+
+
+def micro_batch_logprobs(
+    model, micro_batch: MicroBatch, temperature: float, *, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (K,) of the micro-batch's scored tokens, and optionally the entropy (K,) of each
+    token's distribution, both under ``softmax(logits / temperature)`` in fp32."""
+    device = next(model.parameters()).device
+    out = model(
+        input_ids=micro_batch.input_ids_1T.to(device),
+        position_ids=micro_batch.position_ids_1T.to(device),
+        use_cache=False,  # a cache disables Hugging Face's packed-sequence masking
+    )
+    logits_KV = out.logits[0, micro_batch.logit_positions_K.to(device)].float() / temperature
+    logprobs_KV = torch.log_softmax(logits_KV, dim=-1)
+    logprobs_K = logprobs_KV.gather(-1, micro_batch.target_ids_K.to(device)[:, None])[:, 0]
+    entropy_K = None
+    if with_entropy:
+        entropy_K = -(logprobs_KV.exp() * logprobs_KV).sum(-1)
+    return logprobs_K, entropy_K
+
+
+def aggregation_weights(aggregate: Callable[[Tensor], Tensor], num_tokens: int) -> Tensor:
+    """The per-token weights ``w`` with ``aggregate(x) == (w * x).sum()`` for a linear aggregation.
+
+    Every loss aggregation in use (token mean, sequence mean of token means, token sum / constant) is
+    linear in the per-token losses, so its weights are its gradient at any point. Weighting each
+    micro-batch's tokens by ``w`` makes gradient accumulation exact however the batch is split.
+    """
+    x_K = torch.zeros(num_tokens, requires_grad=True)
+    (grad_K,) = torch.autograd.grad(aggregate(x_K), x_K, allow_unused=True)
+    return torch.zeros(num_tokens) if grad_K is None else grad_K.detach()
+
+
+TokenLoss = Callable[[Tensor, Tensor | None, Mapping[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
+"""``(logprobs_K, entropy_K, tokens) -> (loss_K, stats)``: the per-token loss of a micro-batch's tokens,
+given their new log-probs, entropies (or None) and the batch's per-token fields gathered to them
+(``tokens["old_logprobs"]``, ``tokens["advantages"]``, ...). ``stats`` holds per-token (K,) tensors
+reported as weighted means (e.g. the clip indicator)."""
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One optimizer step's data: micro-batches, aggregation weights and per-token fields (flat)."""
+
+    micro_batches: Sequence[MicroBatch]
+    weights: Tensor  # (num_tokens,) global aggregation weights, 0 on tokens outside this mini-batch
+    tokens: Mapping[str, Tensor]  # name -> (num_tokens,) in the batch's flat token order
+
+
+def lr_lambda(config: TrainerConfig, total_steps: int) -> Callable[[int], float]:
+    """Linear warmup over ``warmup_steps``, then constant or cosine decay to ``min_lr_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / (config.warmup_steps + 1)
+        if config.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps))
+        return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class Learner:
+    """Owns the policy's optimizer and schedule; computes log-probs and applies updates.
+
+    ``reference``: a frozen reference model, or None (with LoRA the reference is the adapter-disabled
+    policy and needs no second model).
+    """
+
+    def __init__(
+        self,
+        model,
+        config: TrainerConfig,
+        *,
+        temperature: float,
+        total_optimizer_steps: int,
+        reference=None,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.temperature = temperature
+        self.reference = reference
+        self.is_lora = hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(config, total_optimizer_steps)
+        )
+        self.optimizer_steps = 0
+        self.skipped_updates = 0
+
+    @property
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def logprobs(
+        self, micro_batches: Sequence[MicroBatch], num_tokens: int, *, reference: bool = False
+    ) -> Tensor:
+        """Log-probs (num_tokens,) of every scored token, in the flat token order (no gradient)."""
+        out_K = torch.zeros(num_tokens)
+        if reference and self.reference is None and not self.is_lora:
+            raise ValueError("no reference model: pass one to the Learner or use LoRA")
+        model = self.reference if reference and self.reference is not None else self.model
+        adapter_off = self.model.disable_adapter() if reference and self.reference is None else None
+        with adapter_off or contextlib.nullcontext():
+            for mb in micro_batches:
+                logprobs_K, _ = micro_batch_logprobs(model, mb, self.temperature)
+                out_K[mb.flat_index_K] = logprobs_K.float().cpu()
+        return out_K
+
+    def update(
+        self, mini_batch: MiniBatch, token_loss: TokenLoss, *, with_entropy: bool = False
+    ) -> dict[str, float]:
+        """One optimizer step over ``mini_batch``; returns loss, grad norm, lr and token-loss stats."""
+        device = next(self.model.parameters()).device
+        self.optimizer.zero_grad(set_to_none=True)
+        if getattr(self.model, "is_gradient_checkpointing", False):
+            self.model.train()
+        total_loss = 0.0
+        stat_sums: dict[str, float] = {}
+        stat_weight = 0.0
+        finite = True
+        try:
+            for mb in mini_batch.micro_batches:
+                weights_K = mini_batch.weights[mb.flat_index_K].to(device)
+                if not bool((weights_K != 0).any()):
+                    continue
+                logprobs_K, entropy_K = micro_batch_logprobs(
+                    self.model, mb, self.temperature, with_entropy=with_entropy
+                )
+                tokens = {name: t[mb.flat_index_K].to(device) for name, t in mini_batch.tokens.items()}
+                loss_K, stats = token_loss(logprobs_K, entropy_K, tokens)
+                loss = (weights_K * loss_K).sum()
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                loss.backward()
+                total_loss += float(loss.detach())
+                active_K = (weights_K != 0).float()
+                stat_weight += float(active_K.sum())
+                for name, value_K in stats.items():
+                    stat_sums[name] = stat_sums.get(name, 0.0) + float(
+                        (value_K.detach().float() * active_K).sum()
+                    )
+        finally:
+            self.model.eval()
+        grad_norm = float("nan")
+        if finite:
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(self.trainable_parameters, self.config.max_grad_norm)
+            )
+            finite = math.isfinite(grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        if finite:
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        else:
+            self.skipped_updates += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        metrics = {
+            "loss/policy": total_loss if finite else float("nan"),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "update/skipped": 0.0 if finite else 1.0,
+        }
+        metrics.update({name: s / max(stat_weight, 1.0) for name, s in stat_sums.items()})
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "optimizer_steps": self.optimizer_steps,
+            "skipped_updates": self.skipped_updates,
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer_steps = state["optimizer_steps"]
+        self.skipped_updates = state["skipped_updates"]

@@ -41,10 +41,13 @@ arguments and unknown argument names.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import enum
 import inspect
 import json
 import re
+import threading
 import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -119,25 +122,36 @@ def _json_type_of(value: Any) -> str:
     return type(value).__name__
 
 
-def _check_value(schema: Mapping[str, Any], value: Any, where: str) -> Any:
-    """Validate one value; return it normalised (int -> float for numbers, 3.0 -> 3 for integers)."""
+def _check_value(schema: Mapping[str, Any], value: Any, tool_name: str, path: str) -> Any:
+    """Validate one value; return it normalised (int -> float for numbers, 3.0 -> 3 for integers).
+
+    ``path`` names the value for messages: ``x``, ``xs[2]``, ``weights["a"]``.
+    """
+    where = f"tool {tool_name!r} argument {path!r}"
     allowed = schema.get("type")
     allowed_types = [allowed] if isinstance(allowed, str) else list(allowed or [])
     if "enum" in schema:
         choices = schema["enum"]
         # bool == 1 in Python: compare JSON types too, so True is not accepted for the choice 1.
         if not any(value == c and _json_type_of(value) == _json_type_of(c) for c in choices):
-            shown = ", ".join(_show(c) for c in choices)
-            raise ToolArgumentError(f"{where}: expected one of {shown}, got {_show(value)}")
+            raise ToolArgumentError(f"{where}: expected {_describe(schema)}, got {_show(value)}")
         return value
     if not allowed_types:
         return value
     for json_type in allowed_types:
-        ok, normalised = _matches(json_type, schema, value, where)
+        ok, normalised = _matches(json_type, schema, value, tool_name, path)
         if ok:
             return normalised
-    expected = " or ".join(_TYPE_WORDS.get(t, t) for t in allowed_types)
-    raise ToolArgumentError(f"{where}: expected {expected}, got {_show(value)}")
+    raise ToolArgumentError(f"{where}: expected {_describe(schema)}, got {_show(value)}")
+
+
+def _describe(schema: Mapping[str, Any]) -> str:
+    """'integer', 'string or null', 'one of "a", "b"' — what a schema accepts, in words."""
+    if "enum" in schema:
+        return "one of " + ", ".join(_show(c) for c in schema["enum"])
+    allowed = schema.get("type")
+    allowed_types = [allowed] if isinstance(allowed, str) else list(allowed or [])
+    return " or ".join(_TYPE_WORDS.get(t, t) for t in allowed_types) or "a value"
 
 
 _TYPE_WORDS = {
@@ -151,7 +165,9 @@ _TYPE_WORDS = {
 }
 
 
-def _matches(json_type: str, schema: Mapping[str, Any], value: Any, where: str) -> tuple[bool, Any]:
+def _matches(
+    json_type: str, schema: Mapping[str, Any], value: Any, tool_name: str, path: str
+) -> tuple[bool, Any]:
     if json_type == "null":
         return value is None, None
     if json_type == "boolean":
@@ -176,15 +192,17 @@ def _matches(json_type: str, schema: Mapping[str, Any], value: Any, where: str) 
         items = schema.get("items")
         if items is None:
             return True, list(value)
-        return True, [_check_value(items, item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return True, [_check_value(items, item, tool_name, f"{path}[{i}]") for i, item in enumerate(value)]
     if json_type == "object":
         if not isinstance(value, Mapping):
             return False, value
         extra = schema.get("additionalProperties")
         if not isinstance(extra, Mapping):
             return True, dict(value)
-        return True, {k: _check_value(extra, v, f"{where}[{_show(k)}]") for k, v in value.items()}
-    raise ToolArgumentError(f"{where}: the schema has an unsupported type {json_type!r}")
+        return True, {k: _check_value(extra, v, tool_name, f"{path}[{_show(k)}]") for k, v in value.items()}
+    raise ToolArgumentError(
+        f"tool {tool_name!r} argument {path!r}: the schema has an unsupported type {json_type!r}"
+    )
 
 
 def validate_arguments(parameters: Mapping[str, Any], arguments: Any, tool_name: str) -> dict[str, Any]:
@@ -207,14 +225,12 @@ def validate_arguments(parameters: Mapping[str, Any], arguments: Any, tool_name:
         )
     for key in parameters.get("required", []):
         if key not in arguments:
-            expected = properties.get(key, {}).get("type", "a value")
             raise ToolArgumentError(
-                f"tool {tool_name!r} missing required argument {key!r} (expected {expected})"
+                f"tool {tool_name!r} missing required argument {key!r} "
+                f"(expected {_describe(properties.get(key, {}))})"
             )
     return {
-        key: _check_value(properties[key], value, f"tool {tool_name!r} argument {key!r}")
-        if key in properties
-        else value
+        key: _check_value(properties[key], value, tool_name, key) if key in properties else value
         for key, value in arguments.items()
     }
 
@@ -228,12 +244,12 @@ def truncate_output(content: str, max_chars: int | None) -> str:
 
 def _format_output(value: Any) -> str:
     """Render a tool's return value as the text the model reads."""
+    if isinstance(value, enum.Enum):
+        value = value.value
     if isinstance(value, str):
         return value
     if value is None:
         return ""
-    if isinstance(value, enum.Enum):
-        value = value.value
     try:
         return json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
@@ -305,7 +321,7 @@ class Tool:
             # raised by the tool itself is not mistaken for this tool's timeout.
             try:
                 return _format_output(await self.run(arguments)), None
-            except Exception as e:
+            except (Exception, SystemExit) as e:
                 return None, e
 
         try:
@@ -356,9 +372,40 @@ class FunctionTool(Tool):
     async def run(self, arguments: dict[str, Any]) -> Any:
         if self._is_async:
             return await self.fn(**arguments)
-        # A sync function runs in a worker thread. On timeout the thread cannot be killed: it runs
-        # to completion in the background while the model already reads the timeout error.
-        return await asyncio.to_thread(self.fn, **arguments)
+        return await _run_in_daemon_thread(self.fn, arguments, f"tool-{self.name}")
+
+
+async def _run_in_daemon_thread(fn: Callable[..., Any], arguments: dict[str, Any], thread_name: str) -> Any:
+    """Run a sync function in a thread of its own and await its result.
+
+    Not ``asyncio.to_thread``: its shared executor has ``min(32, cpus + 4)`` workers, so with many
+    rollouts calls would queue (and spend their timeout waiting), and ``asyncio.run`` joins its
+    threads at exit, so one hung tool would hang the program. A thread cannot be killed: after a
+    timeout it runs to completion in the background while the model already reads the timeout error.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def deliver(result: Any, error: BaseException | None) -> None:
+        if future.cancelled():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def target() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (context.run(fn, **arguments), None)
+        except BaseException as e:
+            outcome = (None, e)
+        # RuntimeError: the event loop has closed, so nobody waits for this result any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver, *outcome)
+
+    threading.Thread(target=target, name=thread_name, daemon=True).start()
+    return await future
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,229 @@
+"""Loss aggregation: how per-token losses become one scalar, and what a "sequence" is.
+
+Every mode is a set of per-token weights w_t (zero where the mask is zero), and the loss is
+``sum_t w_t * loss_t``. Writing the modes as weights is what makes micro-batching exact: compute the
+weights once over the whole mini-batch, split them with the tokens, and the micro-batch losses
+``sum(w_mb * loss_mb)`` add up to the full-batch loss (see "Micro-batches" below).
+
+| mode | loss | used by |
+|---|---|---|
+| ``token-mean`` | sum_t l_t / #tokens | DAPO (arXiv 2503.14476), verl default |
+| ``seq-mean-token-sum`` | mean over sequences of sum_t l_t | |
+| ``seq-mean-token-mean`` | mean over sequences of (mean over its tokens) | GRPO paper (arXiv 2402.03300), GSPO |
+| ``seq-mean-token-sum-norm`` | sum_t l_t / (#sequences * norm_len) | Dr. GRPO (arXiv 2503.20783); norm_len = a constant, e.g. max response length |
+
+**What a "sequence" is** for step-level data is decided by ``seq_ids`` (same shape as the loss, one
+integer per token): pass the id of the *step* (the MDP action: one response) for step-level
+semantics — the default meaning in agent-r1 — or the id of the *trajectory* to treat all responses
+of an episode as one sequence (what concatenating frameworks do). A packed training row that holds
+several prefix-merged steps is not a sequence: its tokens still carry their own step ids. Without
+``seq_ids`` each row of the leading dimensions (all but the last) is one sequence.
+
+**Equal trajectory weight.** With ``equal_trajectory_weight=True`` (needs ``traj_ids``) each
+trajectory contributes equally however many steps or tokens it has: the mode is applied within each
+trajectory, then trajectories are averaged. Otherwise a 10-step trajectory weighs ten times a 1-step
+one under the ``seq-mean-*`` modes, and in proportion to its tokens under ``token-mean``.
+
+Only tokens with mask > 0 count, sequences and trajectories without such tokens are not counted,
+and an all-masked batch aggregates to 0 (never NaN).
+
+**Micro-batches.** A mini-batch split into micro-batches (gradient accumulation) must use weights
+computed over the whole mini-batch, else e.g. token-mean over unequal micro-batches is biased:
+
+    weights = microbatch_weights([mb.mask for mb in mbs], mode, seq_ids=[mb.step_ids for mb in mbs], ...)
+    for mb, w in zip(mbs, weights):
+        (w * loss_fn(mb)).sum().backward()      # no division by the number of micro-batches
+
+``aggregation_weights`` does the same for one tensor (then split it as the tokens are split). Ids
+must be unique across the whole mini-batch (e.g. StepTable row / trajectory indices). Under data
+parallelism whose all-reduce *averages* gradients over W ranks, compute the weights over the global
+mini-batch (all ranks' masks and ids) and multiply each rank's loss by W.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agent_r1.algos.registry import lookup, registrar
+
+__all__ = [
+    "LOSS_AGGREGATIONS",
+    "TokenCounts",
+    "aggregate",
+    "aggregation_weights",
+    "get_loss_aggregation",
+    "microbatch_weights",
+    "register_aggregation",
+]
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """Per-token counts (flattened, shape (X,)) that the aggregation modes are written in.
+
+    A scope is one trajectory under ``equal_trajectory_weight``, else the whole batch.
+    """
+
+    tokens_in_seq: Tensor  # trained tokens of the token's sequence
+    tokens_in_scope: Tensor  # trained tokens of the token's scope
+    seqs_in_scope: Tensor  # sequences (with >= 1 trained token) of the token's scope
+
+
+AggregationMode = Callable[[Tensor, TokenCounts, "float | None"], Tensor]
+"""``fn(mask_X, counts, norm_len) -> weights_X`` within one scope; each scope's weights are then
+divided by the number of scopes."""
+
+LOSS_AGGREGATIONS: dict[str, AggregationMode] = {}
+register_aggregation = registrar(LOSS_AGGREGATIONS, "loss aggregation")
+
+
+def get_loss_aggregation(name: str) -> AggregationMode:
+    return lookup(LOSS_AGGREGATIONS, "loss aggregation", name)
+
+
+@register_aggregation("token-mean")
+def token_mean(mask: Tensor, counts: TokenCounts, norm_len: float | None) -> Tensor:
+    return mask / counts.tokens_in_scope
+
+
+@register_aggregation("seq-mean-token-sum")
+def seq_mean_token_sum(mask: Tensor, counts: TokenCounts, norm_len: float | None) -> Tensor:
+    return mask / counts.seqs_in_scope
+
+
+@register_aggregation("seq-mean-token-mean")
+def seq_mean_token_mean(mask: Tensor, counts: TokenCounts, norm_len: float | None) -> Tensor:
+    return mask / (counts.seqs_in_scope * counts.tokens_in_seq)
+
+
+@register_aggregation("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(mask: Tensor, counts: TokenCounts, norm_len: float | None) -> Tensor:
+    if norm_len is None or norm_len <= 0:
+        raise ValueError(
+            f"loss aggregation 'seq-mean-token-sum-norm' needs norm_len > 0 (e.g. the maximum response "
+            f"length), got {norm_len}"
+        )
+    return mask / (counts.seqs_in_scope * norm_len)
+
+
+def aggregation_weights(
+    mask: Tensor,
+    mode: str,
+    *,
+    seq_ids: Tensor | None = None,
+    traj_ids: Tensor | None = None,
+    norm_len: float | None = None,
+    equal_trajectory_weight: bool = False,
+) -> Tensor:
+    """Per-token weights (shape of ``mask``) such that the aggregated loss is ``(weights * loss).sum()``."""
+    fn = get_loss_aggregation(mode)
+    if seq_ids is None:
+        seq_ids = torch.arange(mask[..., 0].numel(), device=mask.device).reshape(mask.shape[:-1])[..., None]
+        seq_ids = seq_ids.expand(mask.shape)
+    _check_shape("seq_ids", seq_ids, mask)
+    if equal_trajectory_weight:
+        if traj_ids is None:
+            raise ValueError("equal_trajectory_weight=True needs traj_ids (one trajectory id per token)")
+        _check_shape("traj_ids", traj_ids, mask)
+        scope_ids = traj_ids
+    else:
+        scope_ids = torch.zeros_like(seq_ids)
+    mask_X = (mask.reshape(-1) > 0).to(torch.float32)
+    if not mask_X.any():
+        return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    seq_X = torch.unique(seq_ids.reshape(-1), return_inverse=True)[1]
+    scope_X = torch.unique(scope_ids.reshape(-1), return_inverse=True)[1]
+    tokens_per_seq = _sum_by(mask_X, seq_X)
+    tokens_per_scope = _sum_by(mask_X, scope_X)
+    live = mask_X > 0
+    seq_scope = torch.full_like(tokens_per_seq, -1, dtype=torch.long)
+    seq_scope[seq_X[live]] = scope_X[live]
+    if (seq_scope[seq_X[live]] != scope_X[live]).any():
+        raise ValueError("loss aggregation: a sequence id spans several trajectories (seq_ids vs traj_ids)")
+    has_tokens = tokens_per_seq > 0
+    seqs_per_scope = _sum_by(
+        has_tokens.to(torch.float32)[has_tokens], seq_scope[has_tokens], tokens_per_scope.numel()
+    )
+    counts = TokenCounts(
+        tokens_in_seq=tokens_per_seq[seq_X].clamp(min=1),
+        tokens_in_scope=tokens_per_scope[scope_X].clamp(min=1),
+        seqs_in_scope=seqs_per_scope[scope_X].clamp(min=1),
+    )
+    num_scopes = int((tokens_per_scope > 0).sum())
+    weights_X = fn(mask_X, counts, norm_len) * mask_X / num_scopes
+    return weights_X.reshape(mask.shape)
+
+
+def aggregate(
+    loss_per_token: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    seq_ids: Tensor | None = None,
+    traj_ids: Tensor | None = None,
+    norm_len: float | None = None,
+    equal_trajectory_weight: bool = False,
+) -> Tensor:
+    """The scalar loss: ``sum(weights * loss_per_token)``; masked tokens contribute nothing (not even NaN)."""
+    _check_shape("loss_per_token", loss_per_token, mask)
+    weights = aggregation_weights(
+        mask,
+        mode,
+        seq_ids=seq_ids,
+        traj_ids=traj_ids,
+        norm_len=norm_len,
+        equal_trajectory_weight=equal_trajectory_weight,
+    ).to(loss_per_token.dtype)
+    return torch.where(weights != 0, loss_per_token * weights, torch.zeros_like(loss_per_token)).sum()
+
+
+def microbatch_weights(
+    masks: Sequence[Tensor],
+    mode: str,
+    *,
+    seq_ids: Sequence[Tensor] | None = None,
+    traj_ids: Sequence[Tensor] | None = None,
+    norm_len: float | None = None,
+    equal_trajectory_weight: bool = False,
+) -> list[Tensor]:
+    """``aggregation_weights`` over several micro-batches at once (any shapes), split back per micro-batch.
+
+    ``sum_i (weights[i] * loss_i).sum()`` equals ``aggregate`` over the concatenated mini-batch.
+    Without ``seq_ids`` each row of each micro-batch is its own sequence.
+    """
+    if seq_ids is None:
+        seq_ids, start = [], 0
+        for mask in masks:
+            rows = mask[..., 0].numel()
+            ids = torch.arange(start, start + rows, device=mask.device).reshape(mask.shape[:-1])[..., None]
+            seq_ids.append(ids.expand(mask.shape))
+            start += rows
+    for name, ids in (("seq_ids", seq_ids), ("traj_ids", traj_ids)):
+        if ids is not None and len(ids) != len(masks):
+            raise ValueError(f"microbatch_weights: {len(masks)} masks but {len(ids)} {name}")
+    sizes = [m.numel() for m in masks]
+    weights_X = aggregation_weights(
+        torch.cat([m.reshape(-1) for m in masks]),
+        mode,
+        seq_ids=torch.cat([s.reshape(-1) for s in seq_ids]),
+        traj_ids=None if traj_ids is None else torch.cat([t.reshape(-1) for t in traj_ids]),
+        norm_len=norm_len,
+        equal_trajectory_weight=equal_trajectory_weight,
+    )
+    return [w.reshape(m.shape) for w, m in zip(weights_X.split(sizes), masks, strict=True)]
+
+
+def _sum_by(values: Tensor, ids: Tensor, size: int | None = None) -> Tensor:
+    size = int(ids.max()) + 1 if size is None else size
+    return torch.zeros(size, dtype=values.dtype, device=values.device).index_add_(0, ids, values)
+
+
+def _check_shape(name: str, tensor: Tensor, mask: Tensor) -> None:
+    if tensor.shape != mask.shape:
+        raise ValueError(
+            f"loss aggregation: {name} has shape {tuple(tensor.shape)}, mask has {tuple(mask.shape)}"
+        )

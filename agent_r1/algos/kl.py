@@ -1,0 +1,88 @@
+"""KL divergence to the reference policy, per token: k1, k2, k3 estimators, as a loss or a reward penalty.
+
+With samples from pi and log-ratio x = log pi - log pi_ref (Schulman, "Approximating KL divergence",
+joschu.net/blog/kl-approx.html):
+
+| kind | per token | notes |
+|---|---|---|
+| ``k1`` | x | unbiased for KL(pi || ref), high variance, can be negative |
+| ``k2`` | x^2 / 2 | biased, low variance, always >= 0 |
+| ``k3`` | exp(-x) - 1 + x | unbiased, low variance, always >= 0 (GRPO's estimator, arXiv 2402.03300) |
+
+Two ways to use it (pick one; never both for the same beta):
+
+- **Loss term** (GRPO): ``loss = pg_loss + beta * aggregate(kl_penalty(logprobs, ref_logprobs, kind))``
+  with the learner's current ``logprobs``. On-policy, the gradient of the k2 term is the gradient of
+  KL(pi || ref); the k3 term's gradient is that of KL(ref || pi); the k1 term has zero expected
+  gradient — so use ``k3`` (GRPO) or ``k2``, not ``k1``, as a loss.
+- **Reward penalty** (InstructGPT, arXiv 2203.02155): ``kl_reward_penalty(table, beta, kind)`` stores
+  ``-beta * KL_t`` per trained token in ``StepTable.token_rewards``, computed from the behaviour
+  policy's ``old_logprobs`` before the advantages. Where it lands for step-level data: ``gae_token``
+  credits each token's penalty on that token; every step-level and trajectory-level estimator adds a
+  step's summed penalty to that step's reward R_k (``step_table.step_rewards``). ``k1`` is the usual
+  choice here (verl's and OpenRLHF's default).
+
+Deviation: k3 clamps x to [-20, 20] before the exponential (as verl does) so that one extreme token
+cannot overflow the sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from agent_r1.algos.registry import lookup, registrar
+from agent_r1.algos.step_table import StepTable
+
+__all__ = ["KL_ESTIMATORS", "get_kl_estimator", "kl_penalty", "kl_reward_penalty", "register_kl_estimator"]
+
+KLEstimator = Callable[[Tensor], Tensor]
+"""``fn(log_ratio) -> per-token KL`` with log_ratio = log pi - log pi_ref."""
+
+KL_ESTIMATORS: dict[str, KLEstimator] = {}
+register_kl_estimator = registrar(KL_ESTIMATORS, "KL estimator")
+
+
+def get_kl_estimator(name: str) -> KLEstimator:
+    return lookup(KL_ESTIMATORS, "KL estimator", name)
+
+
+@register_kl_estimator("k1")
+def k1(log_ratio: Tensor) -> Tensor:
+    return log_ratio
+
+
+@register_kl_estimator("k2")
+def k2(log_ratio: Tensor) -> Tensor:
+    return 0.5 * log_ratio.pow(2)
+
+
+@register_kl_estimator("k3")
+def k3(log_ratio: Tensor) -> Tensor:
+    log_ratio = log_ratio.clamp(-20.0, 20.0)
+    return torch.exp(-log_ratio) - 1.0 + log_ratio
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
+    """Per-token KL estimate of pi against the reference (same shape as the inputs)."""
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(
+            f"kl_penalty: logprobs have shape {tuple(logprobs.shape)}, ref_logprobs {tuple(ref_logprobs.shape)}"
+        )
+    return get_kl_estimator(kind)(logprobs - ref_logprobs.detach())
+
+
+def kl_reward_penalty(table: StepTable, beta: float, kind: str = "k1") -> StepTable:
+    """The table with ``-beta * KL_t`` (from ``old_logprobs`` vs ``ref_logprobs``) added to ``token_rewards``
+    on every trained token; see the module docstring for where estimators credit it."""
+    if table.ref_logprobs is None:
+        raise ValueError("kl_reward_penalty needs StepTable.ref_logprobs (the reference policy's log-probs)")
+    mask = table.response_mask > 0
+    kl_NL = kl_penalty(table.old_logprobs, table.ref_logprobs, kind)
+    penalty_NL = torch.where(mask, -beta * kl_NL, torch.zeros_like(kl_NL))
+    if table.token_rewards is not None:
+        penalty_NL = table.token_rewards + penalty_NL
+    return replace(table, token_rewards=penalty_NL)

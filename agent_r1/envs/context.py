@@ -1,0 +1,377 @@
+"""Context policies: how an environment builds the next prompt from the conversation.
+
+In the step-level MDP the environment decides the state s_{t+1} (Agent-R1, arXiv 2511.14460, §3):
+appending everything is one transition function among many. Each policy here turns the conversation
+(chat messages, tool results included) into the next prompt's token ids, and may rewrite the
+conversation it carries forward.
+
+| name | next prompt | extension of the previous prompt+response? |
+|---|---|---|
+| ``append`` | previous prompt ids + response ids + token ids of the template text of the new messages | yes, by construction |
+| ``rerender`` | the chat template applied to all messages | only when the template and tokenizer round-trip |
+| ``sliding_window`` | system + first user message + the last ``k`` turns | no, once turns are dropped |
+| ``token_budget`` | drops the oldest turns until the prompt fits ``max_tokens`` | no, once turns are dropped |
+| ``summarize`` | older turns replaced by one summary message from a callable | no, once summarised |
+
+A *turn* is one assistant message and the messages that follow it up to the next assistant message
+(tool results, user replies). The *head* is every message before the first assistant message (the
+system prompt and the task), which windowing policies always keep.
+
+Every policy reports ``{"policy": name, "dropped_turns": int, "summarised": bool}`` in
+``ContextPrompt.info``; ``ToolEnv`` stores it in ``Step.info["context"]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from transformers import PreTrainedTokenizerBase
+
+from agent_r1.models.loading import require_chat_template
+from agent_r1.types import Message, Task
+
+__all__ = [
+    "CONTEXT_POLICIES",
+    "SUMMARY_KEY",
+    "AppendContext",
+    "ContextError",
+    "ContextPolicy",
+    "ContextPrompt",
+    "ContextRequest",
+    "PreviousTurn",
+    "RerenderContext",
+    "SlidingWindowContext",
+    "SummarizeContext",
+    "TokenBudgetContext",
+    "encode_text",
+    "get_context_policy",
+    "register_context_policy",
+    "render_messages",
+    "split_turns",
+    "task_id",
+    "task_messages",
+]
+
+SUMMARY_KEY = "summary_of_turns"
+"""Key marking the message that ``summarize`` inserted (its value: how many turns it replaces).
+Chat templates ignore unknown message keys, so the marker never reaches the model."""
+
+
+class ContextError(ValueError):
+    """The conversation cannot be turned into a prompt the way the policy promises."""
+
+
+def task_id(task: Task) -> str:
+    return str(task.get("id", ""))
+
+
+def task_messages(task: Task, key: str = "prompt") -> list[Message]:
+    """The opening chat messages of a task: ``task[key]`` is a string (one user message) or a list of
+    ``{"role", "content"}`` messages."""
+    if key not in task:
+        raise ValueError(
+            f"task {task_id(task) or '(no id)'} has no {key!r} field; its fields: {sorted(task)}"
+        )
+    prompt = task[key]
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) and "role" in m for m in prompt):
+        return [dict(m) for m in prompt]
+    raise TypeError(
+        f"task {task_id(task) or '(no id)'}: {key!r} must be a string or a list of chat messages "
+        f"with 'role' and 'content', got {type(prompt).__name__}"
+    )
+
+
+def render_messages(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    *,
+    tools: Sequence[dict] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """The tokenizer's chat template applied to ``messages`` (and tool schemas), as text."""
+    require_chat_template(tokenizer)
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages],
+        tools=list(tools) if tools else None,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+    )
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of ``text`` exactly as written: special-token text becomes its single id, and no
+    BOS/EOS is added (the chat template already wrote them)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def split_turns(messages: Sequence[Message]) -> tuple[list[Message], Message | None, list[list[Message]]]:
+    """Split a conversation into (head, summary message or None, turns).
+
+    head: the messages before the first assistant message (system prompt, task), less any summary.
+    turns: from each assistant message up to the next one.
+    """
+    head: list[Message] = []
+    summary: Message | None = None
+    turns: list[list[Message]] = []
+    for message in messages:
+        if message.get(SUMMARY_KEY) is not None:
+            summary = message
+        elif message.get("role") == "assistant":
+            turns.append([message])
+        elif turns:
+            turns[-1].append(message)
+        else:
+            head.append(message)
+    return head, summary, turns
+
+
+def _join(head: list[Message], summary: Message | None, turns: Sequence[list[Message]]) -> list[Message]:
+    return [*head, *([summary] if summary else []), *(m for turn in turns for m in turn)]
+
+
+@dataclass(frozen=True)
+class PreviousTurn:
+    """The last prompt the model saw and its response; ``messages[num_messages]`` is that response."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    num_messages: int
+
+
+@dataclass(frozen=True)
+class ContextRequest:
+    """What a policy gets: the whole carried conversation (new messages included) and tool schemas.
+
+    ``previous`` is None for the first prompt of an episode.
+    """
+
+    messages: tuple[Message, ...]
+    tools: tuple[dict, ...] | None = None
+    previous: PreviousTurn | None = None
+
+
+@dataclass(frozen=True)
+class ContextPrompt:
+    """The next prompt: its token ids, the conversation to carry forward, and what was changed."""
+
+    token_ids: tuple[int, ...]
+    messages: tuple[Message, ...]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class ContextPolicy(ABC):
+    """Builds the next prompt. Subclass, set ``name`` and register with ``@register_context_policy``."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    async def build(self, tokenizer: PreTrainedTokenizerBase, request: ContextRequest) -> ContextPrompt: ...
+
+    def _info(self, dropped_turns: int = 0, summarised: bool = False) -> dict[str, Any]:
+        return {"policy": self.name, "dropped_turns": dropped_turns, "summarised": summarised}
+
+
+CONTEXT_POLICIES: dict[str, type[ContextPolicy]] = {}
+
+
+def register_context_policy(cls: type[ContextPolicy]) -> type[ContextPolicy]:
+    CONTEXT_POLICIES[cls.name] = cls
+    return cls
+
+
+def get_context_policy(name: str, **kwargs: Any) -> ContextPolicy:
+    """The policy registered as ``name``, built with ``kwargs``; unknown names list the choices."""
+    if name not in CONTEXT_POLICIES:
+        raise ValueError(f"unknown context policy {name!r}; available: {sorted(CONTEXT_POLICIES)}")
+    return CONTEXT_POLICIES[name](**kwargs)
+
+
+def _rendered_prompt(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], tools: Sequence[dict] | None
+) -> tuple[int, ...]:
+    return tuple(encode_text(tokenizer, render_messages(tokenizer, messages, tools=tools)))
+
+
+@register_context_policy
+class RerenderContext(ContextPolicy):
+    """Apply the chat template to every message at every step (what most frameworks do).
+
+    The model's response is re-tokenised from its text, so the prompt is an exact extension of the
+    previous prompt+response only when decode→encode round-trips; prefer ``append`` for training.
+    """
+
+    name = "rerender"
+
+    async def build(self, tokenizer: PreTrainedTokenizerBase, request: ContextRequest) -> ContextPrompt:
+        ids = _rendered_prompt(tokenizer, request.messages, request.tools)
+        return ContextPrompt(ids, request.messages, self._info())
+
+
+@register_context_policy
+class AppendContext(ContextPolicy):
+    """Token-level append: next ids = previous prompt ids + response ids + ids of the template delta.
+
+    The delta is derived from the chat template itself: render the conversation up to and including
+    the response (no generation prompt) and with the new messages (with the generation prompt); the
+    delta is the text between the end of the model's response and the end of the second rendering —
+    for ChatML: the turn's closing ``<|im_end|>\\n`` (less the ``<|im_end|>`` the model generated), the
+    new messages, and the next ``<|im_start|>assistant\\n``.
+
+    The model's own ids are never re-tokenised, so each prompt is an exact extension of the previous
+    prompt+response. It equals tokenising the whole rendering when the tokenizer encodes the
+    response text to the same ids the model sampled (always true for canonical samples at special-token
+    boundaries). Templates that rewrite earlier turns (e.g. ones that strip ``<think>`` reasoning from
+    past assistant messages) cannot be extended: ``build`` raises ``ContextError`` naming where the
+    renderings diverge; use ``rerender`` (or a context policy that rewrites history) for them.
+    """
+
+    name = "append"
+
+    async def build(self, tokenizer: PreTrainedTokenizerBase, request: ContextRequest) -> ContextPrompt:
+        previous = request.previous
+        if previous is None:
+            return ContextPrompt(
+                _rendered_prompt(tokenizer, request.messages, request.tools), request.messages, self._info()
+            )
+        messages = list(request.messages)
+        history = messages[: previous.num_messages]
+        response = messages[previous.num_messages]
+        if response.get("role") != "assistant":
+            raise ContextError(
+                f"append: message {previous.num_messages} should be the model's response (role "
+                f"'assistant'), got role {response.get('role')!r}"
+            )
+        content = str(response.get("content") or "")
+        prompt_text = render_messages(tokenizer, history, tools=request.tools)
+        with_response = render_messages(
+            tokenizer, messages[: previous.num_messages + 1], tools=request.tools, add_generation_prompt=False
+        )
+        full = render_messages(tokenizer, messages, tools=request.tools)
+        if not with_response.startswith(prompt_text + content):
+            raise ContextError(
+                "append: the chat template does not render the response as an extension of the previous "
+                f"prompt (it rewrites earlier text; divergence at character "
+                f"{_divergence(with_response, prompt_text + content)}). Use context='rerender' for "
+                "this template."
+            )
+        if not full.startswith(with_response):
+            raise ContextError(
+                "append: the chat template renders earlier messages differently once new messages are "
+                f"added (divergence at character {_divergence(full, with_response)}), e.g. it strips "
+                "reasoning from past turns. Use context='rerender' for this template."
+            )
+        closing = with_response[len(prompt_text) + len(content) :]
+        generated_tail = tokenizer.decode(list(previous.response_ids), skip_special_tokens=False)
+        generated_tail = generated_tail[len(content) :] if generated_tail.startswith(content) else ""
+        if generated_tail and closing.startswith(generated_tail):
+            closing = closing[len(generated_tail) :]
+        delta_ids = encode_text(tokenizer, closing + full[len(with_response) :])
+        ids = (*previous.prompt_ids, *previous.response_ids, *delta_ids)
+        return ContextPrompt(ids, request.messages, self._info())
+
+
+def _divergence(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+@register_context_policy
+class SlidingWindowContext(ContextPolicy):
+    """Keep the head (system + task) and the last ``k`` turns; older turns are dropped."""
+
+    name = "sliding_window"
+
+    def __init__(self, k: int = 4) -> None:
+        if k < 1:
+            raise ValueError(f"sliding_window: k must be >= 1, got {k}")
+        self.k = k
+
+    async def build(self, tokenizer: PreTrainedTokenizerBase, request: ContextRequest) -> ContextPrompt:
+        head, summary, turns = split_turns(request.messages)
+        kept = turns[-self.k :]
+        messages = tuple(_join(head, summary, kept))
+        ids = _rendered_prompt(tokenizer, messages, request.tools)
+        return ContextPrompt(ids, messages, self._info(dropped_turns=len(turns) - len(kept)))
+
+
+@register_context_policy
+class TokenBudgetContext(ContextPolicy):
+    """Drop the oldest turns until the rendered prompt has at most ``max_tokens`` tokens.
+
+    The head and the newest turn are always kept; if they alone exceed the budget the prompt is
+    returned over budget (the flow then truncates the episode or raises, by its config).
+    """
+
+    name = "token_budget"
+
+    def __init__(self, max_tokens: int) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"token_budget: max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+
+    async def build(self, tokenizer: PreTrainedTokenizerBase, request: ContextRequest) -> ContextPrompt:
+        head, summary, turns = split_turns(request.messages)
+        dropped = 0
+        while True:
+            messages = tuple(_join(head, summary, turns[dropped:]))
+            ids = _rendered_prompt(tokenizer, messages, request.tools)
+            if len(ids) <= self.max_tokens or dropped >= len(turns) - 1:
+                return ContextPrompt(ids, messages, self._info(dropped_turns=dropped))
+            dropped += 1
+
+
+Summarizer = Callable[[list[Message]], "str | Awaitable[str]"]
+
+
+@register_context_policy
+class SummarizeContext(ContextPolicy):
+    """Once more than ``max_turns`` turns pile up, replace all but the last ``keep_last`` with a summary.
+
+    ``summarizer(messages) -> str`` (sync or async) receives the messages to replace (a previous
+    summary first, when there is one), so summaries roll forward. It may call the policy model
+    itself (an engine) or anything else; its tokens are not part of the trajectory. The summary is
+    one user message after the head, marked with ``SUMMARY_KEY``.
+    """
+
+    name = "summarize"
+
+    def __init__(
+        self,
+        summarizer: Summarizer,
+        *,
+        keep_last: int = 2,
+        max_turns: int = 4,
+        prefix: str = "Summary of the earlier conversation:\n",
+    ) -> None:
+        if not callable(summarizer):
+            raise TypeError(f"summarize: summarizer must be callable, got {type(summarizer).__name__}")
+        if not 1 <= keep_last <= max_turns:
+            raise ValueError(f"summarize: need 1 <= keep_last <= max_turns, got {keep_last}, {max_turns}")
+        self.summarizer = summarizer
+        self.keep_last = keep_last
+        self.max_turns = max_turns
+        self.prefix = prefix
+
+    async def build(self, tokenizer: PreTrainedTokenizerBase, request: ContextRequest) -> ContextPrompt:
+        head, summary, turns = split_turns(request.messages)
+        if len(turns) <= self.max_turns:
+            ids = _rendered_prompt(tokenizer, request.messages, request.tools)
+            return ContextPrompt(ids, request.messages, self._info())
+        older, kept = turns[: -self.keep_last], turns[-self.keep_last :]
+        to_summarise = [*([summary] if summary else []), *(m for turn in older for m in turn)]
+        text = self.summarizer([dict(m) for m in to_summarise])
+        if inspect.isawaitable(text):
+            text = await text
+        if not isinstance(text, str):
+            raise TypeError(f"summarize: the summarizer returned {type(text).__name__}, expected str")
+        covered = len(older) + (summary[SUMMARY_KEY] if summary else 0)
+        new_summary = {"role": "user", "content": self.prefix + text, SUMMARY_KEY: covered}
+        messages = tuple(_join(head, new_summary, kept))
+        ids = _rendered_prompt(tokenizer, messages, request.tools)
+        return ContextPrompt(ids, messages, self._info(dropped_turns=len(older), summarised=True))

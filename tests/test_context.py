@@ -1,0 +1,224 @@
+"""Context policies on the real tiny tokenizer (byte-level, Qwen2.5's ChatML-with-tools template)."""
+
+import asyncio
+import json
+
+import pytest
+
+from agent_r1.envs.context import (
+    SUMMARY_KEY,
+    ContextError,
+    ContextRequest,
+    PreviousTurn,
+    encode_text,
+    get_context_policy,
+    render_messages,
+    split_turns,
+)
+
+TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {
+                "type": "object",
+                "properties": {"word": {"type": "string"}},
+                "required": ["word"],
+            },
+        },
+    },
+)
+SYSTEM = {"role": "system", "content": "You answer questions."}
+USER = {"role": "user", "content": "What do 'cat' and 'dog' mean?"}
+
+
+def call_text(*words: str) -> str:
+    return "Let me look.\n" + "\n".join(
+        f"<tool_call>\n{json.dumps({'name': 'lookup', 'arguments': {'word': w}})}\n</tool_call>"
+        for w in words
+    )
+
+
+def tool_messages(*words: str) -> list[dict]:
+    return [{"role": "tool", "name": "lookup", "content": f"{w}: an animal"} for w in words]
+
+
+def build(policy, tokenizer, messages, previous=None, tools=TOOLS):
+    return asyncio.run(policy.build(tokenizer, ContextRequest(tuple(messages), tools, previous)))
+
+
+def full_ids(tokenizer, messages, tools=TOOLS):
+    return encode_text(tokenizer, render_messages(tokenizer, messages, tools=tools))
+
+
+def run_append_episode(tokenizer, responses, *, eos=True):
+    """Drive ``append`` through several turns the way ToolEnv does; return (prompts, messages)."""
+    policy = get_context_policy("append")
+    messages = [SYSTEM, USER]
+    prompt = build(policy, tokenizer, messages)
+    prompts = [prompt.token_ids]
+    for text, observations in responses:
+        response_ids = tuple(encode_text(tokenizer, text)) + ((tokenizer.eos_token_id,) if eos else ())
+        previous = PreviousTurn(prompt.token_ids, response_ids, num_messages=len(messages))
+        messages = [*messages, {"role": "assistant", "content": text}, *observations]
+        prompt = build(policy, tokenizer, messages, previous)
+        assert prompt.token_ids[: len(prompts[-1]) + len(response_ids)] == prompts[-1] + response_ids
+        prompts.append(prompt.token_ids)
+    return prompts, messages
+
+
+@pytest.mark.parametrize("eos", [True, False], ids=["stopped_on_eos", "cut_by_length"])
+def test_append_equals_tokenising_the_whole_rendering(tiny_tokenizer, eos):
+    turns = [
+        (call_text("cat", "dog"), tool_messages("cat", "dog")),
+        (call_text("bird"), tool_messages("bird")),
+        ("Thanks, and a follow-up?", [{"role": "user", "content": "Yes: what is a fish?"}]),
+        (call_text("fish", "cat", "dog"), tool_messages("fish", "cat", "dog")),
+    ]
+    prompts, messages = run_append_episode(tiny_tokenizer, turns, eos=eos)
+    assert len(prompts) == 5
+    # Each prompt equals tokenising the template's rendering of the whole conversation so far.
+    assert list(prompts[-1]) == full_ids(tiny_tokenizer, messages)
+    text = tiny_tokenizer.decode(list(prompts[-1]), skip_special_tokens=False)
+    assert (
+        text.count("<tool_response>") == 6 and "# Tools" in text and text.endswith("<|im_start|>assistant\n")
+    )
+    for n_turns in range(1, 4):
+        _, partial = run_append_episode(tiny_tokenizer, turns[:n_turns], eos=eos)
+        assert list(prompts[n_turns]) == full_ids(tiny_tokenizer, partial)
+
+
+def test_append_keeps_the_sampled_ids_even_when_they_are_not_canonical(tiny_tokenizer):
+    # "<tool_call>" sampled as its 11 byte tokens instead of the single special token: the next prompt
+    # must contain the ids the model actually produced (no retokenisation drift).
+    policy = get_context_policy("append")
+    messages = [SYSTEM, USER]
+    prompt = build(policy, tiny_tokenizer, messages)
+    text = "<tool_call>"
+    byte_ids = tuple(tiny_tokenizer.convert_tokens_to_ids(list("<tool_call>")))
+    assert byte_ids != tuple(encode_text(tiny_tokenizer, text))
+    previous = PreviousTurn(prompt.token_ids, byte_ids, num_messages=2)
+    nxt = build(
+        policy,
+        tiny_tokenizer,
+        [*messages, {"role": "assistant", "content": text}, *tool_messages("x")],
+        previous,
+    )
+    assert nxt.token_ids[: len(prompt.token_ids) + len(byte_ids)] == prompt.token_ids + byte_ids
+
+
+# Like Qwen3's template: reasoning is stripped from assistant messages once they are not the last one.
+THINK_STRIPPING_TEMPLATE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
+    "{%- if m.role == 'assistant' and not loop.last %}{{- m.content.split('</think>')[-1].lstrip() }}"
+    "{%- else %}{{- m.content }}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_append_refuses_a_template_that_rewrites_history(tiny_checkpoint):
+    from agent_r1.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_checkpoint)
+    tokenizer.chat_template = THINK_STRIPPING_TEMPLATE
+    policy = get_context_policy("append")
+    prompt = build(policy, tokenizer, [USER], tools=None)
+    text = "<think>hmm</think>It is 4."
+    previous = PreviousTurn(prompt.token_ids, tuple(encode_text(tokenizer, text)), num_messages=1)
+    later = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "Sure?"}]
+    with pytest.raises(ContextError, match="rerender"):
+        build(policy, tokenizer, later, previous, tools=None)
+    # rerender handles it: the template's own rendering, reasoning stripped.
+    rendered = build(get_context_policy("rerender"), tokenizer, later, tools=None)
+    assert "hmm" not in tokenizer.decode(list(rendered.token_ids))
+
+
+def test_rerender_applies_the_template_to_all_messages(tiny_tokenizer):
+    messages = [SYSTEM, USER, {"role": "assistant", "content": call_text("cat")}, *tool_messages("cat")]
+    prompt = build(get_context_policy("rerender"), tiny_tokenizer, messages)
+    assert list(prompt.token_ids) == full_ids(tiny_tokenizer, messages)
+    assert prompt.info == {"policy": "rerender", "dropped_turns": 0, "summarised": False}
+
+
+def conversation(n_turns: int) -> list[dict]:
+    messages = [SYSTEM, USER]
+    for i in range(n_turns):
+        messages += [{"role": "assistant", "content": call_text(f"w{i}")}, *tool_messages(f"w{i}")]
+    return messages
+
+
+def test_split_turns_groups_each_assistant_message_with_what_follows():
+    head, summary, turns = split_turns(conversation(3))
+    assert head == [SYSTEM, USER] and summary is None
+    assert [len(t) for t in turns] == [2, 2, 2] and all(t[0]["role"] == "assistant" for t in turns)
+
+
+def test_sliding_window_keeps_system_task_and_last_k_turns(tiny_tokenizer):
+    messages = conversation(5)
+    prompt = build(get_context_policy("sliding_window", k=2), tiny_tokenizer, messages)
+    assert list(prompt.messages) == [SYSTEM, USER, *messages[-4:]]
+    assert list(prompt.token_ids) == full_ids(tiny_tokenizer, prompt.messages)
+    assert prompt.info == {"policy": "sliding_window", "dropped_turns": 3, "summarised": False}
+    text = tiny_tokenizer.decode(list(prompt.token_ids))
+    assert "w2" not in text and "w3" in text and "w4" in text and "'cat' and 'dog'" in text
+    short = build(get_context_policy("sliding_window", k=8), tiny_tokenizer, messages)
+    assert short.info["dropped_turns"] == 0 and list(short.messages) == messages
+
+
+def test_token_budget_drops_the_fewest_oldest_turns_that_fit(tiny_tokenizer):
+    messages = conversation(6)
+    sizes = [len(full_ids(tiny_tokenizer, [SYSTEM, USER, *messages[2 + 2 * d :]])) for d in range(6)]
+    budget = (sizes[2] + sizes[3]) // 2  # fits after dropping 3 turns, not after 2
+    prompt = build(get_context_policy("token_budget", max_tokens=budget), tiny_tokenizer, messages)
+    assert prompt.info["dropped_turns"] == 3
+    assert len(prompt.token_ids) == sizes[3] <= budget
+    assert list(prompt.messages) == [SYSTEM, USER, *messages[8:]]
+    # Over budget even with one turn left: the newest turn is kept and the prompt returned as is.
+    tiny = build(get_context_policy("token_budget", max_tokens=5), tiny_tokenizer, messages)
+    assert tiny.info["dropped_turns"] == 5 and list(tiny.messages) == [SYSTEM, USER, *messages[-2:]]
+
+
+def test_summarize_replaces_older_turns_and_rolls_the_summary_forward(tiny_tokenizer):
+    seen = []
+
+    def summarizer(msgs):
+        seen.append(msgs)
+        return f"{len(msgs)} messages about words"
+
+    policy = get_context_policy("summarize", summarizer=summarizer, keep_last=1, max_turns=2)
+    untouched = build(policy, tiny_tokenizer, conversation(2))
+    assert not seen and untouched.info["summarised"] is False
+
+    first = build(policy, tiny_tokenizer, conversation(3))
+    assert first.info == {"policy": "summarize", "dropped_turns": 2, "summarised": True}
+    head, summary, turns = split_turns(first.messages)
+    assert head == [SYSTEM, USER] and summary[SUMMARY_KEY] == 2 and len(turns) == 1
+    assert seen[0] == conversation(3)[2:6]
+    assert list(first.token_ids) == full_ids(tiny_tokenizer, first.messages)
+    assert "4 messages about words" in tiny_tokenizer.decode(list(first.token_ids))
+
+    grown = [*first.messages, *conversation(5)[-4:]]  # two more turns arrive
+    second = build(policy, tiny_tokenizer, grown)
+    assert seen[1][0] is not None and seen[1][0]["content"] == summary["content"]
+    assert split_turns(second.messages)[1][SUMMARY_KEY] == 4
+
+
+def test_summarize_accepts_an_async_summarizer(tiny_tokenizer):
+    async def summarizer(msgs):
+        await asyncio.sleep(0)
+        return "short"
+
+    policy = get_context_policy("summarize", summarizer=summarizer, keep_last=1, max_turns=1)
+    prompt = build(policy, tiny_tokenizer, conversation(2))
+    assert prompt.info["summarised"] and "short" in tiny_tokenizer.decode(list(prompt.token_ids))
+
+
+def test_unknown_policy_and_bad_arguments_are_named():
+    with pytest.raises(ValueError, match=r"unknown context policy 'windowed'.*sliding_window"):
+        get_context_policy("windowed")
+    with pytest.raises(ValueError, match="k must be"):
+        get_context_policy("sliding_window", k=0)
+    with pytest.raises(TypeError, match="summarizer must be callable"):
+        get_context_policy("summarize", summarizer="not a function")

@@ -1,0 +1,243 @@
+"""The python sandbox against hostile code: every run must end in time and leave the host untouched.
+
+The namespace-only guarantees (no network, host files invisible, nothing written outside) are
+asserted where namespaces work and skipped with the reason where they do not; the rlimits/timeout
+guarantees are asserted in both modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_r1.tools import ToolCall, ToolSet
+from agent_r1.tools.python_sandbox import (
+    Isolation,
+    PythonSandbox,
+    SandboxLimits,
+    SandboxStatus,
+    namespaces_available,
+    python_tool,
+)
+
+LIMITS = SandboxLimits(wall_timeout_s=4.0, cpu_time_s=3, memory_mb=512, max_processes=16)
+needs_namespaces = pytest.mark.skipif(
+    not namespaces_available(),
+    reason="Linux namespaces are not usable here: the sandbox runs in rlimits mode",
+)
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> PythonSandbox:
+    return PythonSandbox(LIMITS)
+
+
+@pytest.fixture(scope="module", params=["auto", "rlimits"])
+def any_sandbox(request: pytest.FixtureRequest) -> PythonSandbox:
+    """Both modes, for the guarantees that do not depend on namespaces."""
+    return PythonSandbox(LIMITS, isolation=request.param)
+
+
+def test_runs_code_with_stdin_and_files(any_sandbox: PythonSandbox) -> None:
+    code = "import helper, sys\nprint(helper.double(int(sys.stdin.read())))"
+    result = any_sandbox.run(code, stdin="21", files={"helper.py": "def double(x):\n    return 2 * x\n"})
+    assert result.status is SandboxStatus.OK, result
+    assert result.stdout == "42\n"
+    assert result.exit_code == 0
+
+
+def test_exception_is_reported_with_traceback(any_sandbox: PythonSandbox) -> None:
+    result = any_sandbox.run("1 / 0")
+    assert result.status is SandboxStatus.ERROR
+    assert result.exit_code == 1
+    assert "ZeroDivisionError" in result.stderr
+    assert "ZeroDivisionError" in result.render() and "[exit code 1]" in result.render()
+
+
+def test_infinite_loop_is_killed_at_the_time_limit(any_sandbox: PythonSandbox) -> None:
+    start = time.monotonic()
+    result = any_sandbox.run("while True:\n    pass")
+    assert result.status is SandboxStatus.TIMEOUT
+    assert time.monotonic() - start < LIMITS.wall_timeout_s + 5
+    assert "time limit" in result.render()
+
+
+def test_sleeping_code_is_killed_by_the_wall_clock(sandbox: PythonSandbox) -> None:
+    # Sleeping uses no CPU time: only the wall-clock limit can stop it.
+    result = PythonSandbox(SandboxLimits(wall_timeout_s=1.0)).run("import time\ntime.sleep(60)")
+    assert result.status is SandboxStatus.TIMEOUT
+    assert result.wall_time_s < 6
+
+
+def _processes_of_uid_or_marker(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def test_fork_bomb_is_contained_and_cleaned_up(sandbox: PythonSandbox) -> None:
+    marker = "forkbomb_marker_7f3a"
+    code = (
+        f"import os\n# {marker}\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    )
+    result = sandbox.run(code)
+    assert result.status is SandboxStatus.TIMEOUT
+    time.sleep(0.5)
+    # No process of the bomb survives the run (they all ran main.py of the sandbox).
+    survivors = subprocess.run(["pgrep", "-f", "agent-r1-sandbox|/sandbox"], capture_output=True, text=True)
+    assert survivors.stdout.strip() == "", survivors.stdout
+    # And the host can still start processes.
+    assert subprocess.run(["true"]).returncode == 0
+
+
+def test_setsid_escape_does_not_survive(sandbox: PythonSandbox) -> None:
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(30)\n"
+        "        open('/tmp/escaped', 'w').write('x')\n"
+        "    os._exit(0)\n"
+        "print('parent done')\n"
+    )
+    result = sandbox.run(code)
+    assert result.status is SandboxStatus.OK
+    if sandbox.isolation is Isolation.NAMESPACES:
+        # The PID namespace dies with its init: the daemonised grandchild is gone.
+        time.sleep(0.3)
+        assert subprocess.run(["pgrep", "-f", "time.sleep\\(30\\)"], capture_output=True).stdout == b""
+
+
+def test_memory_bomb_fails_with_memory_error(any_sandbox: PythonSandbox) -> None:
+    code = "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 2**20))"
+    result = any_sandbox.run(code)
+    assert result.status is SandboxStatus.ERROR
+    assert "MemoryError" in result.stderr
+
+
+def test_gigabytes_of_output_are_cut_and_the_run_killed(any_sandbox: PythonSandbox) -> None:
+    code = "import sys\nblock = 'x' * 2**20\nfor _ in range(4096):\n    sys.stdout.write(block)"
+    start = time.monotonic()
+    result = any_sandbox.run(code)
+    assert result.status is SandboxStatus.OUTPUT_LIMIT
+    assert result.truncated
+    assert len(result.stdout) == LIMITS.max_output_bytes
+    assert time.monotonic() - start < LIMITS.wall_timeout_s + 5
+
+
+def test_file_size_limit(sandbox: PythonSandbox) -> None:
+    limits = SandboxLimits(wall_timeout_s=4.0, max_file_mb=1)
+    code = "f = open('big', 'wb')\nf.write(b'x' * (2 * 2**20))\nf.close()"
+    result = PythonSandbox(limits).run(code)
+    assert result.status is SandboxStatus.ERROR  # SIGXFSZ kills it, or the write fails
+
+
+def test_each_run_gets_a_fresh_working_directory(sandbox: PythonSandbox) -> None:
+    first = sandbox.run("open('left_behind.txt', 'w').write('x')\nimport os\nprint(os.getcwd())")
+    second = sandbox.run("import os\nprint(sorted(os.listdir('.')))")
+    assert first.ok and second.ok
+    assert second.stdout.strip() == "['main.py']"
+
+
+def test_environment_is_cleared(any_sandbox: PythonSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_R1_SECRET_TOKEN", "hunter2")
+    result = any_sandbox.run("import os\nprint(sorted(os.environ))")
+    assert result.ok
+    assert "AGENT_R1_SECRET_TOKEN" not in result.stdout and "hunter2" not in result.stdout
+
+
+@needs_namespaces
+def test_no_network_even_to_the_hosts_loopback(sandbox: PythonSandbox) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    code = (
+        "import socket\n"
+        f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 80)]:\n"
+        "    try:\n"
+        "        socket.create_connection(addr, timeout=2)\n"
+        "        print('connected', addr)\n"
+        "    except OSError as e:\n"
+        "        print('refused', addr, type(e).__name__)\n"
+    )
+    try:
+        result = sandbox.run(code)
+    finally:
+        server.close()
+    assert result.ok, result
+    assert "connected" not in result.stdout
+    assert result.stdout.count("refused") == 2
+
+
+@needs_namespaces
+def test_host_files_are_invisible(sandbox: PythonSandbox, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the host's secret")
+    secret.chmod(0o644)
+    os.chmod(tmp_path, 0o755)
+    code = (
+        "import os\n"
+        f"for path in [{str(secret)!r}, '/etc/passwd', '/root', {__file__!r}]:\n"
+        "    print(path, os.path.exists(path))\n"
+        "print(sorted(os.listdir('/')))\n"
+    )
+    result = sandbox.run(code)
+    assert result.ok, result
+    assert "True" not in result.stdout.splitlines()[0]
+    assert "/etc/passwd False" in result.stdout
+    assert "the host's secret" not in result.stdout
+    assert f"{__file__} False" in result.stdout  # the repository is not there either
+
+
+@needs_namespaces
+def test_cannot_write_outside_the_working_directory(sandbox: PythonSandbox, tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o777)
+    targets = [str(tmp_path / "pwned"), "/usr/pwned", "/pwned", "/etc/pwned"]
+    code = (
+        f"for path in {targets!r}:\n"
+        "    try:\n"
+        "        open(path, 'w').write('x')\n"
+        "        print('wrote', path)\n"
+        "    except OSError as e:\n"
+        "        print('denied', path, type(e).__name__)\n"
+    )
+    result = sandbox.run(code)
+    assert result.ok, result
+    assert "wrote" not in result.stdout
+    assert not (tmp_path / "pwned").exists() and not Path("/usr/pwned").exists()
+
+
+@needs_namespaces
+def test_runs_as_unprivileged_user(sandbox: PythonSandbox) -> None:
+    result = sandbox.run("import os\nprint(os.getuid(), os.geteuid())")
+    assert result.ok
+    uid, euid = map(int, result.stdout.split())
+    assert uid != 0 and euid != 0
+
+
+def test_unknown_isolation_is_rejected() -> None:
+    with pytest.raises(ValueError, match="choose from"):
+        PythonSandbox(isolation="docker")
+
+
+def test_python_tool_returns_output_and_survives_hostile_calls(sandbox: PythonSandbox) -> None:
+    tools = ToolSet([python_tool(sandbox)])
+    calls = [
+        ToolCall("python", {"code": "print(sum(range(10)))"}, "call_0"),
+        ToolCall("python", {"code": "while True: pass"}, "call_1"),
+        ToolCall("python", {"code": "raise ValueError('bad input')"}, "call_2"),
+        ToolCall("python", {"source": "print(1)"}, "call_3"),
+    ]
+    results = asyncio.run(tools.execute(calls))
+    assert results[0].content == "45\n" and not results[0].is_error
+    assert "time limit exceeded" in results[1].content
+    assert "ValueError: bad input" in results[2].content
+    assert results[3].is_error and "unknown argument 'source'" in results[3].content
+    assert tools["python"].schema()["function"]["parameters"]["required"] == ["code"]

@@ -553,3 +553,23 @@ def test_sys_exit_in_a_tool_is_an_error_result():
         raise SystemExit(3)
 
     assert call(quit_now).content == "Error: tool 'quit_now' raised SystemExit: 3"
+
+
+def test_tools_may_raise_argument_errors_for_checks_a_schema_cannot_express():
+    @tool
+    def sqrt(x: float) -> float:
+        """Square root."""
+        if x < 0:
+            raise ToolArgumentError(f"tool 'sqrt' argument 'x' must be >= 0, got {x}")
+        return x**0.5
+
+    assert call(sqrt, x=-1).content == "Error: tool 'sqrt' argument 'x' must be >= 0, got -1.0"
+    assert call(sqrt, x=4).content == "2.0"
+
+
+def test_a_validate_override_that_raises_becomes_an_error_result():
+    class Picky(Tool):
+        def validate(self, arguments):
+            raise KeyError("no")
+
+    assert call(Picky("picky", "Never happy.")).content == "Error: tool 'picky' raised KeyError: 'no'"

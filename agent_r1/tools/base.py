@@ -310,31 +310,30 @@ class Tool:
         raise NotImplementedError(f"{type(self).__name__} must implement `async run(self, arguments)`")
 
     async def __call__(self, call: ToolCall) -> ToolResult:
-        """Validate, run under the timeout, and report any failure as an error result."""
-        try:
-            arguments = self.validate(call.arguments)
-        except ToolArgumentError as e:
-            return ToolResult(call, f"Error: {e}", is_error=True)
+        """Validate, run under the timeout, and report any failure as an error result.
 
-        async def guarded() -> tuple[str | None, BaseException | None]:
+        A ``ToolArgumentError`` raised by ``validate`` or by ``run`` (a tool may raise it for checks
+        a schema cannot express, e.g. "x must be positive") reads ``Error: <message>``; any other
+        exception reads ``Error: tool 'name' raised Type: message``.
+        """
+
+        async def guarded() -> ToolResult:
             # Exceptions raised by the tool are caught here, inside wait_for, so that a TimeoutError
             # raised by the tool itself is not mistaken for this tool's timeout.
             try:
-                return _format_output(await self.run(arguments)), None
+                return ToolResult(call, _format_output(await self.run(self.validate(call.arguments))))
+            except ToolArgumentError as e:
+                return ToolResult(call, f"Error: {e}", is_error=True)
             except (Exception, SystemExit) as e:
-                return None, e
+                detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                return ToolResult(call, f"Error: tool {self.name!r} raised {detail}", is_error=True)
 
         try:
-            content, error = await asyncio.wait_for(guarded(), timeout=self.timeout)
+            return await asyncio.wait_for(guarded(), timeout=self.timeout)
         except asyncio.TimeoutError:
             return ToolResult(
                 call, f"Error: tool {self.name!r} timed out after {self.timeout}s", is_error=True
             )
-        if error is not None:
-            message = str(error)
-            detail = f"{type(error).__name__}: {message}" if message else type(error).__name__
-            return ToolResult(call, f"Error: tool {self.name!r} raised {detail}", is_error=True)
-        return ToolResult(call, content or "")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, timeout={self.timeout!r})"

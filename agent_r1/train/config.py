@@ -171,7 +171,7 @@ class AlgorithmConfig:
     advantage: str = _opt("grpo", "Advantage estimator name (agent_r1.algos.ADVANTAGE_ESTIMATORS).")
     policy_loss: str = _opt("ppo_clip", "Policy loss name (agent_r1.algos.POLICY_LOSSES).")
     loss_aggregation: str = _opt(
-        "token_mean",
+        "token-mean",
         "How per-token losses become one scalar (agent_r1.algos.LOSS_AGGREGATIONS); DAPO's token-level mean.",
     )
     clip_low: float = _opt(0.2, "PPO lower clip: ratio >= 1 - clip_low.", _non_negative)
@@ -200,6 +200,9 @@ class AlgorithmConfig:
         "Truncated importance sampling (Yao et al. 2025): weight each token "
         "by min(pi_learner_old / pi_sampler, tis_cap); None disables it.",
         _optional(_positive),
+    )
+    norm_by_std: bool = _opt(
+        True, "Divide group-centred advantages by the group's standard deviation (GRPO); False = Dr. GRPO."
     )
     normalize_advantages: bool = _opt(False, "Whiten advantages over the batch after estimation.")
 

@@ -5,7 +5,7 @@
 - A micro-batch is one packed row (``agent_r1.train.batching``) run with ``position_ids`` restarting
   per sequence and no attention mask, which Hugging Face turns into a block-diagonal causal mask.
 - Updates accumulate gradients over micro-batches with *global* per-token weights (see
-  ``aggregation_weights``), so the loss of a mini-batch does not depend on how it was cut into
+  ``agent_r1.algos.aggregation``), so the loss of a mini-batch does not depend on how it was cut into
   micro-batches. A non-finite loss or gradient norm skips the optimizer step (counted in the metrics);
   nothing non-finite ever reaches the weights.
 - LoRA through peft: the reference policy is the same model with the adapter disabled.
@@ -31,7 +31,6 @@ __all__ = [
     "Learner",
     "MiniBatch",
     "TokenLoss",
-    "aggregation_weights",
     "load_policy",
     "micro_batch_logprobs",
     "lr_lambda",
@@ -86,23 +85,11 @@ def micro_batch_logprobs(
     return logprobs_K, entropy_K
 
 
-def aggregation_weights(aggregate: Callable[[Tensor], Tensor], num_tokens: int) -> Tensor:
-    """The per-token weights ``w`` with ``aggregate(x) == (w * x).sum()`` for a linear aggregation.
-
-    Every loss aggregation in use (token mean, sequence mean of token means, token sum / constant) is
-    linear in the per-token losses, so its weights are its gradient at any point. Weighting each
-    micro-batch's tokens by ``w`` makes gradient accumulation exact however the batch is split.
-    """
-    x_K = torch.zeros(num_tokens, requires_grad=True)
-    (grad_K,) = torch.autograd.grad(aggregate(x_K), x_K, allow_unused=True)
-    return torch.zeros(num_tokens) if grad_K is None else grad_K.detach()
-
-
-TokenLoss = Callable[[Tensor, Tensor | None, Mapping[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
+TokenLoss = Callable[[Tensor, Tensor | None, Mapping[str, Tensor]], tuple[Tensor, dict[str, float]]]
 """``(logprobs_K, entropy_K, tokens) -> (loss_K, stats)``: the per-token loss of a micro-batch's tokens,
 given their new log-probs, entropies (or None) and the batch's per-token fields gathered to them
-(``tokens["old_logprobs"]``, ``tokens["advantages"]``, ...). ``stats`` holds per-token (K,) tensors
-reported as weighted means (e.g. the clip indicator)."""
+(``tokens["old_logprobs"]``, ``tokens["advantages"]``, ...). ``stats`` holds scalars averaged over the
+micro-batch's tokens (e.g. the clip fraction); the update reports their token-weighted mean."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +145,10 @@ class Learner:
         )
         self.optimizer_steps = 0
         self.skipped_updates = 0
+        # Hugging Face marks checkpointed layers with ``gradient_checkpointing = True``.
+        self.gradient_checkpointing = any(
+            getattr(m, "gradient_checkpointing", False) for m in model.modules()
+        )
 
     @property
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -185,7 +176,7 @@ class Learner:
         """One optimizer step over ``mini_batch``; returns loss, grad norm, lr and token-loss stats."""
         device = next(self.model.parameters()).device
         self.optimizer.zero_grad(set_to_none=True)
-        if getattr(self.model, "is_gradient_checkpointing", False):
+        if self.gradient_checkpointing:
             self.model.train()
         total_loss = 0.0
         stat_sums: dict[str, float] = {}
@@ -207,12 +198,10 @@ class Learner:
                     break
                 loss.backward()
                 total_loss += float(loss.detach())
-                active_K = (weights_K != 0).float()
-                stat_weight += float(active_K.sum())
-                for name, value_K in stats.items():
-                    stat_sums[name] = stat_sums.get(name, 0.0) + float(
-                        (value_K.detach().float() * active_K).sum()
-                    )
+                active = float((weights_K != 0).sum())
+                stat_weight += active
+                for name, value in stats.items():
+                    stat_sums[name] = stat_sums.get(name, 0.0) + value * active
         finally:
             self.model.eval()
         grad_norm = float("nan")

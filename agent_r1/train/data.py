@@ -1,0 +1,143 @@
+"""Tasks for training and evaluation: parquet, JSONL / JSON and Hugging Face ``datasets`` inputs.
+
+``load_tasks`` returns a list of plain dicts (one per row) and checks the fields the environment needs:
+a row without one is an error naming the source, the row and the field. ``TaskSampler`` picks each
+step's tasks as a pure function of (seed, step), so a resumed run sees exactly the data order of an
+uninterrupted one without saving any sampler state.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DataError", "TaskSampler", "check_fields", "load_tasks"]
+
+
+class DataError(ValueError):
+    """A problem with a dataset, naming the source and the row."""
+
+
+def load_tasks(
+    source: str | Path | Iterable[Mapping[str, Any]] | Any,
+    *,
+    split: str = "train",
+    required_fields: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Read tasks from ``source``:
+
+    - a ``.parquet`` file, a ``.jsonl`` file (one object per line) or a ``.json`` file (a list);
+    - a folder written by ``datasets.Dataset.save_to_disk`` (``split`` picks from a DatasetDict);
+    - a Hugging Face ``datasets.Dataset`` / ``DatasetDict`` object or a list of dicts;
+    - otherwise a Hugging Face dataset name, read with ``datasets.load_dataset(name, split=split)``.
+    """
+    name = str(source) if isinstance(source, (str, Path)) else type(source).__name__
+    if isinstance(source, (str, Path)):
+        rows = _read_path(str(source), split)
+    else:
+        rows = _read_object(source, split, name)
+    tasks = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise DataError(f"{name}: row {i} is a {type(row).__name__}, not a mapping of fields")
+        tasks.append(dict(row))
+    check_fields(tasks, required_fields, name)
+    return tasks
+
+
+def check_fields(tasks: Sequence[Mapping[str, Any]], required: Sequence[str], source: str) -> None:
+    """Raise ``DataError`` naming the first row that lacks a required field."""
+    for i, task in enumerate(tasks):
+        for key in required:
+            if key not in task or task[key] is None:
+                ident = f" (id {task['id']!r})" if "id" in task else ""
+                raise DataError(
+                    f"{source}: row {i}{ident} has no field {key!r}, which the environment needs; "
+                    f"the row has fields {sorted(task)}"
+                )
+
+
+def _read_path(path: str, split: str) -> list[Any]:
+    p = Path(path)
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(p).to_pylist()
+    if p.suffix == ".jsonl":
+        rows = []
+        with open(p, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+        return rows
+    if p.suffix == ".json":
+        rows = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise DataError(f"{path}: a .json task file must hold a list of objects")
+        return rows
+    if p.is_dir():
+        import datasets
+
+        return _read_object(datasets.load_from_disk(str(p)), split, path)
+    if p.suffix:
+        raise DataError(f"{path}: no such file, or unsupported extension (use .parquet, .jsonl or .json)")
+    import datasets
+
+    return list(datasets.load_dataset(path, split=split))
+
+
+def _read_object(source: Any, split: str, name: str) -> list[Any]:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - datasets is a dependency
+        datasets = None
+    if datasets is not None and isinstance(source, datasets.DatasetDict):
+        if split not in source:
+            raise DataError(f"{name}: no split {split!r}; available: {sorted(source)}")
+        source = source[split]
+    if datasets is not None and isinstance(source, datasets.Dataset):
+        return source.to_list()
+    return list(source)
+
+
+class TaskSampler:
+    """Each step's ``batch_size`` tasks: epochs over a seeded permutation, a pure function of the step.
+
+    Task number ``i`` (counting from step 0) comes from epoch ``i // len(tasks)``, whose order is a
+    permutation seeded by ``(seed, epoch)`` (or the file order when ``shuffle`` is off).
+    """
+
+    def __init__(
+        self, tasks: Sequence[Mapping[str, Any]], batch_size: int, *, seed: int = 0, shuffle: bool = True
+    ):
+        if not tasks:
+            raise DataError("no training tasks")
+        self.tasks = list(tasks)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(len(self.tasks)))
+            if self.shuffle:
+                random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            self._orders = {epoch: order}
+        return self._orders[epoch]
+
+    def batch(self, step: int) -> list[Mapping[str, Any]]:
+        """The tasks of training step ``step`` (1-based)."""
+        first = (step - 1) * self.batch_size
+        out = []
+        for i in range(first, first + self.batch_size):
+            epoch, index = divmod(i, len(self.tasks))
+            out.append(self.tasks[self._order(epoch)[index]])
+        return out

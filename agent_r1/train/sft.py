@@ -1,0 +1,192 @@
+"""Supervised warm start on demonstrations, tokenised exactly as the RL environment presents them.
+
+A demonstration is the list of assistant responses (text) of one episode. ``replay_demonstrations``
+plays each one through a fresh environment: the environment builds every prompt (chat template,
+system prompt, tool results, context policy) exactly as it will during RL, and each response becomes
+``encode(text) + [eos]``, the tokens a model must produce to say it. The result is ordinary
+``Trajectory`` records, so ``agent_r1.train.batching.build_sequences`` packs each episode into one
+sequence with a span per response, and ``train_sft`` minimises the negative log-likelihood of the
+response tokens only (assistant tokens; prompts and tool results are context, never targets).
+
+Behaviour cloning (Pomerleau 1991): loss = mean over all response tokens of a batch of
+``-log p(token | prefix)``, AdamW, linear warm-up then linear decay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedTokenizerBase
+
+from agent_r1.envs.base import AgentEnv
+from agent_r1.flows.base import observation_ids
+from agent_r1.train.batching import TrainSequence, build_sequences
+from agent_r1.types import Action, Step, Task, Trajectory
+
+__all__ = ["SFTConfig", "replay_demonstration", "replay_demonstrations", "sft_sequences", "train_sft"]
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    epochs: int = 2
+    lr: float = 3e-3  # peak learning rate (a tiny model from scratch; use ~1e-5 for a pretrained one)
+    batch_size: int = 32  # sequences per optimizer step
+    micro_batch_size: int = 32  # sequences per forward pass (gradients are accumulated)
+    warmup_fraction: float = 0.1
+    final_lr_fraction: float = 0.1
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"SFTConfig.lr must be > 0, got {self.lr}")
+
+
+async def replay_demonstration(
+    env: AgentEnv, tokenizer: PreTrainedTokenizerBase, task: Task, responses: Sequence[str]
+) -> Trajectory:
+    """Play ``responses`` through ``env`` as the model's actions; return the episode as a Trajectory.
+
+    Raises ValueError (naming the task) when the episode ends before the last response or does not
+    end after it: the demonstration does not fit the environment.
+    """
+    eos = tokenizer.eos_token_id
+    where = f"demonstration of task {task.get('id', '(no id)')!r}"
+    steps: list[Step] = []
+    outcome, info = 0.0, {}
+    try:
+        observation = await env.reset(task)
+        for i, text in enumerate(responses):
+            prompt_ids = observation_ids(observation, tokenizer)
+            response_ids = [*tokenizer.encode(text, add_special_tokens=False), eos]
+            result = await env.step(Action(text + tokenizer.eos_token, response_ids))
+            steps.append(
+                Step(
+                    prompt_ids,
+                    response_ids,
+                    logprobs=[0.0] * len(response_ids),
+                    reward=result.reward,
+                    terminated=result.terminated,
+                    truncated=result.truncated,
+                    response_text=text,
+                    info=dict(result.info),
+                )
+            )
+            if result.outcome_reward is not None:
+                outcome = float(result.outcome_reward)
+            if "success" in result.info:
+                info["success"] = bool(result.info["success"])
+            ended = result.terminated or result.truncated
+            if ended != (i == len(responses) - 1):
+                state = "ended" if ended else "did not end"
+                raise ValueError(
+                    f"{where}: the environment {state} after response {i + 1} of {len(responses)}"
+                )
+            observation = result.observation
+    finally:
+        await env.close()
+    return Trajectory(str(task.get("id", "")), steps, outcome_reward=outcome, info=info)
+
+
+def replay_demonstrations(
+    env_factory: Callable[[], AgentEnv],
+    tokenizer: PreTrainedTokenizerBase,
+    tasks: Sequence[Task],
+    demonstrate: Callable[[Task, random.Random], list[str]],
+    *,
+    seed: int = 0,
+) -> list[Trajectory]:
+    """One demonstration per task (``demonstrate(task, rng)``), each replayed through a fresh env."""
+    rng = random.Random(seed)
+    demos = [(task, demonstrate(task, rng)) for task in tasks]
+
+    async def replay_all() -> list[Trajectory]:
+        return list(
+            await asyncio.gather(*(replay_demonstration(env_factory(), tokenizer, t, r) for t, r in demos))
+        )
+
+    return asyncio.run(replay_all())
+
+
+def sft_sequences(trajectories: Sequence[Trajectory]) -> list[TrainSequence]:
+    """Training sequences (prefix-extending steps merged) whose spans mark the assistant tokens."""
+    return build_sequences(trajectories, merge=True)
+
+
+def _padded_batch(sequences: Sequence[TrainSequence], pad_id: int):
+    """Right-padded ids, attention mask and target mask, all (B, T)."""
+    T = max(len(s) for s in sequences)
+    ids_BT = torch.full((len(sequences), T), pad_id, dtype=torch.long)
+    attention_BT = torch.zeros(len(sequences), T, dtype=torch.long)
+    target_BT = torch.zeros(len(sequences), T, dtype=torch.bool)
+    for i, s in enumerate(sequences):
+        ids_BT[i, : len(s)] = torch.tensor(s.token_ids)
+        attention_BT[i, : len(s)] = 1
+        for span in s.spans:
+            target_BT[i, span.start : span.start + span.length] = True
+    return ids_BT, attention_BT, target_BT
+
+
+def train_sft(
+    model,
+    sequences: Sequence[TrainSequence],
+    config: SFTConfig = SFTConfig(),
+    *,
+    pad_token_id: int,
+    log: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Minimise the NLL of the spans' tokens; returns the loss of every optimizer step.
+
+    ``log(step, loss)`` is called after each optimizer step when given.
+    """
+    if not sequences:
+        raise ValueError("train_sft: no sequences to train on (are the demonstrations empty?)")
+    order = list(sequences)
+    rng = random.Random(config.seed)
+    steps_per_epoch = max(1, len(order) // config.batch_size)
+    total = config.epochs * steps_per_epoch
+    warmup = max(1, int(total * config.warmup_fraction))
+
+    def lr_factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 1.0 - (1.0 - config.final_lr_fraction) * (step - warmup) / max(1, total - warmup)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model.train()
+    losses: list[float] = []
+    for _ in range(config.epochs):
+        rng.shuffle(order)
+        for b in range(steps_per_epoch):
+            batch = order[b * config.batch_size : (b + 1) * config.batch_size]
+            n_targets = sum(span.length for s in batch for span in s.spans)
+            optimizer.zero_grad(set_to_none=True)
+            total_loss = 0.0
+            for m in range(0, len(batch), config.micro_batch_size):
+                ids_BT, attention_BT, target_BT = _padded_batch(
+                    batch[m : m + config.micro_batch_size], pad_token_id
+                )
+                logits_BTV = model(input_ids=ids_BT, attention_mask=attention_BT).logits[:, :-1].float()
+                nll_BT = F.cross_entropy(logits_BTV.transpose(1, 2), ids_BT[:, 1:], reduction="none")
+                loss = (nll_BT * target_BT[:, 1:]).sum() / n_targets
+                loss.backward()
+                total_loss += loss.item()
+            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            losses.append(total_loss)
+            if log is not None:
+                log(len(losses), total_loss)
+    model.eval()
+    return losses

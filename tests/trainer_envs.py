@@ -1,0 +1,49 @@
+"""A small real environment for the trainer tests (importable by subprocesses via PYTHONPATH=tests).
+
+``LowByteEnv``: a two-turn token-level episode. Each response earns the fraction of its tokens whose id
+is below 128 (the lower half of the byte vocabulary) as an immediate reward; the next prompt is the
+previous prompt + response + a fixed user turn (the "append" context, so steps merge into one
+sequence). A random tiny model earns about 0.5 per turn; a policy gradient raises it quickly.
+"""
+
+from __future__ import annotations
+
+from agent_r1.envs.base import AgentEnv
+from agent_r1.types import Action, Observation, StepResult, Task
+
+TURNS = 2
+
+
+class LowByteEnv(AgentEnv):
+    def __init__(self, tokenizer, turns: int = TURNS) -> None:
+        self.tokenizer = tokenizer
+        self.turns = turns
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def reset(self, task: Task) -> Observation:
+        self.turn = 0
+        self.ids = self._encode(f"<|im_start|>user\n{task['prompt']}<|im_end|>\n<|im_start|>assistant\n")
+        return Observation(token_ids=self.ids)
+
+    async def step(self, action: Action) -> StepResult:
+        self.turn += 1
+        ids = action.token_ids
+        reward = sum(1 for t in ids if t < 128) / max(len(ids), 1)
+        done = self.turn >= self.turns
+        self.ids = (
+            self.ids
+            + list(ids)
+            + self._encode("\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
+        )
+        return StepResult(
+            observation=None if done else Observation(token_ids=self.ids),
+            reward=reward,
+            terminated=done,
+            info={"success": reward > 0.75},
+        )
+
+
+def tasks(n: int, offset: int = 0) -> list[dict]:
+    return [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(offset, offset + n)]

@@ -1,0 +1,208 @@
+"""ToolEnv: a chat environment in which the model calls tools until it gives a final answer.
+
+One step = one model response (Agent-R1, arXiv 2511.14460: the action is the whole response):
+
+1. The response is parsed in the named tool-call format (``hermes`` by default).
+2. Calls or malformed calls (parse errors): the calls run concurrently (``ToolSet.execute``, outputs cut
+   to ``max_tool_output_chars``); results and errors go back to the model as chat messages; the
+   context policy builds the next prompt. A malformed call is never taken as the final answer.
+   A response cut by ``max_tokens`` inside a call gets an extra error saying so.
+3. No tool activity: the response is the final answer. ``extract_answer(text)`` pulls the answer
+   out (default: the whole text, stripped), ``outcome_reward(answer, task)`` scores it, and the
+   episode terminates with ``StepResult.outcome_reward`` set. An answer of None scores 0.
+4. After ``max_turns`` responses without a final answer the episode is truncated.
+
+The conversation keeps each response's raw text as the assistant message's ``content`` (no
+``tool_calls`` field), so re-rendering reproduces exactly what the model wrote. Observations are
+token ids built by the context policy (``append`` by default, see ``agent_r1.envs.context``).
+
+``Step.info`` keys: ``turn``; ``tool_calls`` ([{"name", "arguments"}]), ``tool_results`` ([str], what
+the model reads, per call), ``tool_errors`` ([str]: malformed calls, then the contents of calls that
+failed); ``context`` (the policy's report); on the final answer ``answer`` and ``success``
+(``outcome_reward >= success_threshold``); ``truncated`` when ``max_turns`` ends the episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from agent_r1.envs.base import AgentEnv
+from agent_r1.envs.context import (
+    ContextPolicy,
+    ContextRequest,
+    PreviousTurn,
+    get_context_policy,
+    task_messages,
+)
+from agent_r1.models.loading import require_chat_template
+from agent_r1.tools import ParsedResponse, Tool, ToolCallFormat, ToolResult, ToolSet, get_format
+from agent_r1.types import Action, Message, Observation, StepResult, StopReason, Task
+
+__all__ = ["ToolEnv", "exact_match"]
+
+OutcomeReward = Callable[[str, Task], float]
+StepReward = Callable[[ParsedResponse, Sequence[ToolResult], Task], float]
+
+CUT_OFF_ERROR = "the response was cut off at the token limit before the tool call was complete"
+
+
+def exact_match(answer: str, task: Task) -> float:
+    """1.0 when the answer equals ``str(task["answer"])`` (both stripped), else 0.0."""
+    if "answer" not in task:
+        raise ValueError(f"exact_match needs task['answer']; the task has fields {sorted(task)}")
+    return float(answer.strip() == str(task["answer"]).strip())
+
+
+class ToolEnv(AgentEnv):
+    """A tool-using chat episode; see the module docstring for the step semantics.
+
+    Args:
+        tokenizer: the policy's tokenizer; it must have a chat template.
+        tools: ``Tool`` objects (from ``@tool``) or a ``ToolSet``.
+        format: the tool-call format's name (``agent_r1.tools.FORMATS``) or an instance.
+        context: the context policy's name (``agent_r1.envs.context.CONTEXT_POLICIES``) or an instance;
+            ``context_kwargs`` are passed to a named policy (e.g. ``{"k": 4}`` for ``sliding_window``).
+        outcome_reward: ``(answer, task) -> float``, the final reward (default ``exact_match``).
+        extract_answer: ``(response_text) -> str | None`` (default: the text, stripped).
+        step_reward: optional ``(parsed_response, tool_results, task) -> float``, the immediate reward
+            of every step (the final one included, with no results).
+        max_turns: responses per episode before it is truncated.
+        max_tool_output_chars: each tool output is cut to this many characters (None: no limit).
+        system_prompt: a system message to open the conversation with, unless the task brings one.
+        prompt_key: the task field holding the prompt (a string or a list of chat messages).
+        success_threshold: ``info["success"]`` is ``outcome_reward >= success_threshold``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        tools: Iterable[Tool] | ToolSet = (),
+        *,
+        format: str | ToolCallFormat = "hermes",
+        context: str | ContextPolicy = "append",
+        context_kwargs: dict[str, Any] | None = None,
+        outcome_reward: OutcomeReward = exact_match,
+        extract_answer: Callable[[str], str | None] | None = None,
+        step_reward: StepReward | None = None,
+        max_turns: int = 8,
+        max_tool_output_chars: int | None = 4096,
+        system_prompt: str | None = None,
+        prompt_key: str = "prompt",
+        success_threshold: float = 1.0,
+    ) -> None:
+        require_chat_template(tokenizer)
+        if max_turns < 1:
+            raise ValueError(f"ToolEnv: max_turns must be >= 1, got {max_turns}")
+        self.tokenizer = tokenizer
+        self.tools = tools if isinstance(tools, ToolSet) else ToolSet(tools)
+        self.format = get_format(format) if isinstance(format, str) else format
+        if isinstance(context, str):
+            self.context = get_context_policy(context, **(context_kwargs or {}))
+        elif context_kwargs:
+            raise ValueError("ToolEnv: context_kwargs apply to a context policy given by name only")
+        else:
+            self.context = context
+        self.outcome_reward = outcome_reward
+        self.extract_answer = extract_answer or str.strip
+        self.step_reward = step_reward
+        self.max_turns = max_turns
+        self.max_tool_output_chars = max_tool_output_chars
+        self.system_prompt = system_prompt
+        self.prompt_key = prompt_key
+        self.success_threshold = success_threshold
+        self._task: Task | None = None
+        self._messages: tuple[Message, ...] = ()
+        self._prompt_ids: tuple[int, ...] = ()
+        self._turn = 0
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The conversation as the context policy carries it (older turns may be dropped/summarised)."""
+        return self._messages
+
+    def _tool_schemas(self) -> tuple[dict, ...] | None:
+        """Schemas for the chat template, unless the format writes its own system-prompt text."""
+        schemas = self.tools.schemas()
+        if not schemas or self.format.system_prompt(schemas) is not None:
+            return None
+        return tuple(schemas)
+
+    def _opening_messages(self, task: Task) -> list[Message]:
+        messages = task_messages(task, self.prompt_key)
+        if self.system_prompt is not None and messages[0].get("role") != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        format_text = self.format.system_prompt(self.tools.schemas()) if len(self.tools) else None
+        if format_text:
+            if messages[0].get("role") == "system":
+                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{format_text}"}
+            else:
+                messages.insert(0, {"role": "system", "content": format_text})
+        return messages
+
+    async def reset(self, task: Task) -> Observation:
+        self._task = task
+        self._turn = 0
+        request = ContextRequest(tuple(self._opening_messages(task)), self._tool_schemas())
+        prompt = await self.context.build(self.tokenizer, request)
+        self._messages, self._prompt_ids = prompt.messages, prompt.token_ids
+        return Observation(token_ids=prompt.token_ids)
+
+    def _content(self, action: Action) -> str:
+        """The response text without the end-of-turn token the model generated (the template adds it)."""
+        eos = self.tokenizer.eos_token
+        if eos and action.text.endswith(eos):
+            return action.text[: -len(eos)]
+        return action.text
+
+    async def step(self, action: Action) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("ToolEnv.step called before reset(task)")
+        task = self._task
+        self._turn += 1
+        content = self._content(action)
+        parsed = self.format.parse(content)
+        info: dict[str, Any] = {"turn": self._turn}
+        assistant = {"role": "assistant", "content": content}
+
+        if parsed.is_final:
+            answer = self.extract_answer(content)
+            outcome = 0.0 if answer is None else float(self.outcome_reward(answer, task))
+            info.update(answer=answer, success=outcome >= self.success_threshold)
+            self._messages = (*self._messages, assistant)
+            return StepResult(
+                observation=None,
+                reward=self._step_reward(parsed, [], task),
+                terminated=True,
+                info=info,
+                outcome_reward=outcome,
+            )
+
+        errors = list(parsed.errors)
+        if action.finish_reason is StopReason.LENGTH and parsed.errors:
+            errors.append(CUT_OFF_ERROR)
+        results = await self.tools.execute(parsed.calls, self.max_tool_output_chars)
+        info.update(
+            tool_calls=[{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
+            tool_results=[r.content for r in results],
+            tool_errors=errors + [r.content for r in results if r.is_error],
+        )
+        reward = self._step_reward(parsed, results, task)
+        if self._turn >= self.max_turns:
+            info["truncated"] = f"max_turns={self.max_turns} reached"
+            return StepResult(observation=None, reward=reward, truncated=True, info=info)
+
+        previous = PreviousTurn(self._prompt_ids, action.token_ids, num_messages=len(self._messages))
+        observation_messages = self.format.observation_messages(results, errors)
+        request = ContextRequest(
+            (*self._messages, assistant, *observation_messages), self._tool_schemas(), previous
+        )
+        prompt = await self.context.build(self.tokenizer, request)
+        self._messages, self._prompt_ids = prompt.messages, prompt.token_ids
+        info["context"] = prompt.info
+        return StepResult(observation=Observation(token_ids=prompt.token_ids), reward=reward, info=info)
+
+    def _step_reward(self, parsed: ParsedResponse, results: Sequence[ToolResult], task: Task) -> float:
+        return 0.0 if self.step_reward is None else float(self.step_reward(parsed, results, task))

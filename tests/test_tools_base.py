@@ -3,6 +3,7 @@
 import asyncio
 import enum
 import json
+import re
 import threading
 from typing import Annotated, Literal
 
@@ -573,3 +574,15 @@ def test_a_validate_override_that_raises_becomes_an_error_result():
             raise KeyError("no")
 
     assert call(Picky("picky", "Never happy.")).content == "Error: tool 'picky' raised KeyError: 'no'"
+
+
+def test_the_example_in_docs_tools_md_produces_the_schema_shown_there():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "tools.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", doc, re.S)[1]
+    shown = re.findall(r"```json\n(.*?)```", doc, re.S)[0]
+    namespace: dict = {}
+    exec(example, namespace)
+    assert namespace["weather"].schema() == json.loads(shown)
+    assert call(namespace["weather"], city="Paris").content == "Paris: 21 degrees celsius"

@@ -1,0 +1,177 @@
+"""Render a run as one self-contained HTML page: training curves, evaluation table, trajectory viewer
+and the resolved config.
+
+Self-contained means no network: the page's script and style are inlined from ``static/`` and the
+data is embedded as JSON in a ``<script type="application/json">`` element, escaped so that no string
+in it (a tool output holding ``</script>``, say) can end the element early. The plots are SVG drawn
+by that script; the evaluation table and config are plain HTML, readable without script.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from agent_r1.report.run import RunData, load_run, metric_series
+
+__all__ = ["CHART_ORDER", "chart_groups", "embed_json", "render_html", "write_report"]
+
+CHART_ORDER: dict[str, str] = {
+    "reward": "Reward",
+    "success": "Success rate",
+    "eval": "Evaluation",
+    "kl": "KL to reference",
+    "entropy": "Entropy",
+    "response_length": "Response length (tokens)",
+    "steps_per_trajectory": "Steps per trajectory",
+    "throughput": "Throughput",
+    "time": "Time per phase (s)",
+    "loss": "Loss",
+    "grad_norm": "Gradient norm",
+    "lr": "Learning rate",
+    "clip_fraction": "Clip fraction",
+}
+"""Charts come in this order, one per metric prefix (the part before the first "/"); metrics with
+other prefixes follow alphabetically, titled by their prefix."""
+
+_SUMMARY_KEYS = ("reward/mean", "success/mean", "eval/reward", "eval/success", "throughput/tokens_per_s")
+
+
+def chart_groups(series: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
+    """Group metric series by prefix into charts: ``[{"title", "series": [{"key", "points"}]}]``."""
+    groups: dict[str, list[str]] = {}
+    for key in series:
+        groups.setdefault(key.split("/", 1)[0], []).append(key)
+    ordered = [p for p in CHART_ORDER if p in groups] + sorted(p for p in groups if p not in CHART_ORDER)
+    return [
+        {
+            "title": CHART_ORDER.get(prefix, prefix),
+            "prefix": prefix,
+            "series": [{"key": k, "points": series[k]} for k in sorted(groups[prefix])],
+        }
+        for prefix in ordered
+    ]
+
+
+def embed_json(data: Any) -> str:
+    """JSON safe to place inside a ``<script>`` element: ``<``, ``>`` and ``&`` become unicode
+    escapes (so ``</script>`` and ``<!--`` cannot appear), as do the JS line separators U+2028/9."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    for raw, escaped in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(raw, escaped)
+    return text
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e9:
+        return str(int(value))
+    if value != 0 and not 1e-3 <= abs(value) < 1e5:
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def _eval_table(metrics: list[dict[str, Any]]) -> str:
+    rows = [r for r in metrics if any(k.startswith("eval/") for k in r)]
+    if not rows:
+        return '<p class="empty">No evaluation rows (keys starting with <code>eval/</code>) in metrics.jsonl.</p>'
+    keys = sorted({k for r in rows for k in r if k.startswith("eval/")})
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in ["step", *keys])
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_fmt(r.get(k))}</td>" for k in ["step", *keys]) + "</tr>" for r in rows
+    )
+    return f'<table class="eval-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _summary(metrics: list[dict[str, Any]]) -> str:
+    cards = []
+    for key in _SUMMARY_KEYS:
+        last = next((r for r in reversed(metrics) if r.get(key) is not None), None)
+        if last is not None:
+            cards.append(
+                f'<div class="card"><div class="card-key">{html.escape(key)}</div>'
+                f'<div class="card-value">{_fmt(last[key])}</div>'
+                f'<div class="card-step">step {_fmt(last.get("step"))}</div></div>'
+            )
+    steps = [r["step"] for r in metrics if r.get("step") is not None]
+    if steps:
+        cards.insert(
+            0,
+            f'<div class="card"><div class="card-key">steps logged</div><div class="card-value">{_fmt(max(steps))}</div></div>',
+        )
+    return "".join(cards)
+
+
+def _static(name: str) -> str:
+    return resources.files("agent_r1.report").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def render_html(run: RunData, *, title: str | None = None) -> str:
+    """The whole page for ``run``, as one string."""
+    title = title or f"agent-r1 run: {run.run_dir.resolve().name}"
+    data = {
+        "charts": chart_groups(metric_series(run.metrics)),
+        "trajectories": run.trajectories,
+        "dumped_steps": run.dumped_steps,
+        "embedded_steps": run.embedded_steps,
+    }
+    config = (
+        f'<pre class="config">{html.escape(run.config_text)}</pre>'
+        if run.config_text is not None
+        else '<p class="empty">No config.yaml in the run directory.</p>'
+    )
+    generated = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>
+{_static("report.css")}
+</style>
+</head>
+<body>
+<header>
+  <h1>{html.escape(title)}</h1>
+  <div class="meta">{html.escape(str(run.run_dir.resolve()))} · generated {html.escape(generated)}</div>
+  <nav><a href="#curves">Training curves</a><a href="#evaluation">Evaluation</a><a href="#trajectories">Trajectories</a><a href="#config">Config</a></nav>
+</header>
+<main>
+<section class="summary">{_summary(run.metrics)}</section>
+<section id="curves"><h2>Training curves</h2><div id="charts" class="charts"></div></section>
+<section id="evaluation"><h2>Evaluation</h2>{_eval_table(run.metrics)}</section>
+<section id="trajectories"><h2>Trajectories</h2><div id="viewer"></div></section>
+<section id="config"><h2>Resolved config</h2>{config}</section>
+</main>
+<script type="application/json" id="report-data">{embed_json(data)}</script>
+<script>
+{_static("report.js")}
+</script>
+</body>
+</html>
+"""
+
+
+def write_report(
+    run_dir: str | Path, out: str | Path | None = None, *, last_steps: int = 5, per_step: int = 32
+) -> Path:
+    """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``) and return its path.
+    ``last_steps`` / ``per_step`` cap the embedded trajectories (see ``load_run``)."""
+    run = load_run(run_dir, last_steps=last_steps, per_step=per_step)
+    out = Path(out) if out is not None else run.run_dir / "report.html"
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(render_html(run), encoding="utf-8")
+    tmp.replace(out)
+    return out

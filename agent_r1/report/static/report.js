@@ -1,0 +1,345 @@
+// agent-r1 report page: SVG training curves and the trajectory viewer. No dependencies, no network.
+// The data comes from <script id="report-data" type="application/json"> (see agent_r1/report/html.py).
+"use strict";
+(function () {
+  const DATA = JSON.parse(document.getElementById("report-data").textContent);
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  const PALETTE = ["#2f6fdb", "#e07b39", "#1f8a4c", "#c2332f", "#7b4bc4", "#0f9aa8", "#b7791f", "#d6489a", "#5a6b7d", "#88a832"];
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "class") node.className = value;
+      else if (key === "text") node.textContent = value;
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value);
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : String(child));
+    }
+    return node;
+  }
+
+  function svg(tag, attrs) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+    return node;
+  }
+
+  function fmt(v) {
+    if (v === null || v === undefined) return "–";
+    const a = Math.abs(v);
+    if (Number.isInteger(v) && a < 1e9) return String(v);
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(2);
+    return String(+v.toPrecision(4));
+  }
+
+  function plural(n, word) {
+    return `${n} ${word}${n === 1 ? "" : "s"}`;
+  }
+
+  // ---------------------------------------------------------------- charts
+  function niceTicks(lo, hi, count) {
+    const span = hi - lo;
+    const raw = span / count;
+    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => span / s <= count) || 10 * mag;
+    const ticks = [];
+    for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(+t.toPrecision(12));
+    return ticks;
+  }
+
+  function extent(values) {
+    let lo = Math.min(...values), hi = Math.max(...values);
+    if (lo === hi) { const pad = lo === 0 ? 1 : Math.abs(lo) * 0.1; lo -= pad; hi += pad; }
+    return [lo, hi];
+  }
+
+  function drawChart(spec) {
+    const W = 440, H = 210, L = 54, R = 12, T = 8, B = 26;
+    const series = spec.series.filter((s) => s.points.length > 0);
+    const xs = series.flatMap((s) => s.points.map((p) => p[0]));
+    const ys = series.flatMap((s) => s.points.map((p) => p[1]));
+    const [x0, x1] = extent(xs), [y0, y1] = extent(ys);
+    const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+    const sy = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
+    const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": spec.title });
+    const grid = svg("g", { class: "grid" }), axis = svg("g", { class: "axis" });
+    for (const t of niceTicks(y0, y1, 4)) {
+      grid.append(svg("line", { x1: L, x2: W - R, y1: sy(t), y2: sy(t) }));
+      const label = svg("text", { x: L - 5, y: sy(t) + 3, "text-anchor": "end" });
+      label.textContent = fmt(t);
+      axis.append(label);
+    }
+    for (const t of niceTicks(x0, x1, 5)) {
+      const label = svg("text", { x: sx(t), y: H - B + 14, "text-anchor": "middle" });
+      label.textContent = fmt(t);
+      axis.append(label);
+    }
+    const xlabel = svg("text", { x: W - R, y: H - 2, "text-anchor": "end" });
+    xlabel.textContent = "step";
+    axis.append(xlabel);
+    root.append(grid, axis, svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: "#c9ced8" }));
+    series.forEach((s, i) => {
+      const color = PALETTE[i % PALETTE.length];
+      const d = s.points.map((p, j) => `${j ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
+      root.append(svg("path", { class: "series", d: d, stroke: color, "data-key": s.key }));
+      if (s.points.length <= 30) for (const p of s.points) root.append(svg("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 2.2, fill: color }));
+    });
+    const hoverLine = svg("line", { class: "hover-line", y1: T, y2: H - B, visibility: "hidden" });
+    const overlay = svg("rect", { x: L, y: T, width: W - L - R, height: H - T - B, fill: "transparent" });
+    root.append(hoverLine, overlay);
+
+    const tooltip = el("div", { class: "tooltip" });
+    const prefix = spec.prefix + "/";
+    const short = (key) => (key.startsWith(prefix) && series.length > 1 ? key.slice(prefix.length) : key);
+    overlay.addEventListener("mousemove", (event) => {
+      const box = root.getBoundingClientRect();
+      const x = x0 + ((((event.clientX - box.left) / box.width) * W - L) / (W - L - R)) * (x1 - x0);
+      let best = null;
+      for (const v of xs) if (best === null || Math.abs(v - x) < Math.abs(best - x)) best = v;
+      hoverLine.setAttribute("x1", sx(best));
+      hoverLine.setAttribute("x2", sx(best));
+      hoverLine.setAttribute("visibility", "visible");
+      const lines = [`step ${fmt(best)}`];
+      for (const s of series) {
+        const hit = s.points.find((p) => p[0] === best);
+        if (hit) lines.push(`${short(s.key)}: ${fmt(hit[1])}`);
+      }
+      tooltip.textContent = "";
+      lines.forEach((line, i) => tooltip.append(i ? el("br") : "", line));
+      tooltip.style.display = "block";
+      tooltip.style.left = `${Math.min(event.clientX - box.left + 14, box.width - 120)}px`;
+      tooltip.style.top = `${event.clientY - box.top + 24}px`;
+    });
+    overlay.addEventListener("mouseleave", () => {
+      hoverLine.setAttribute("visibility", "hidden");
+      tooltip.style.display = "none";
+    });
+    const legend = el("div", { class: "legend" },
+      series.map((s, i) => el("span", { style: `--c:${PALETTE[i % PALETTE.length]}`, text: short(s.key) })));
+    return el("div", { class: "chart", "data-prefix": spec.prefix }, el("h3", { text: spec.title }), root, legend, tooltip);
+  }
+
+  function renderCharts() {
+    const box = document.getElementById("charts");
+    if (!DATA.charts.length) { box.append(el("p", { class: "empty", text: "No metrics yet (metrics.jsonl is missing or empty)." })); return; }
+    for (const spec of DATA.charts) box.append(drawChart(spec));
+  }
+
+  // ---------------------------------------------------------------- trajectory viewer
+  const TRAJ = DATA.trajectories;
+  const BY_ID = new Map(TRAJ.map((t) => [t.id, t]));
+  const state = { outcome: "all", step: "all", search: "", selected: null, compare: false, threshold: 0.1 };
+
+  // Rebuild each step's full prompt text: "ctx" segments point into the previous step's prompt + response.
+  function promptTexts(t) {
+    if (t._texts) return t._texts;
+    let previous = "";
+    t._texts = t.steps.map((step) => {
+      if (!step.prompt) { previous = null; return null; }
+      const text = step.prompt.map(([kind, payload]) =>
+        kind === "ctx" ? (previous || "").slice(0, payload) : kind === "drop" ? "" : payload).join("");
+      previous = text + step.response;
+      return text;
+    });
+    return t._texts;
+  }
+
+  function outcomeBadges(t) {
+    return (t.tags.length ? t.tags : ["unknown"]).map((tag) => el("span", { class: `badge ${tag}`, text: tag }));
+  }
+
+  function signed(v) {
+    return el("span", { class: v > 0 ? "pos" : v < 0 ? "neg" : "", text: fmt(v) });
+  }
+
+  function matches(t) {
+    if (state.outcome !== "all" && !t.tags.includes(state.outcome)) return false;
+    if (state.step !== "all" && String(t.train_step) !== state.step) return false;
+    if (state.search && !`${t.task_id} ${t.group_id}`.toLowerCase().includes(state.search.toLowerCase())) return false;
+    return true;
+  }
+
+  // Tokens sampled with probability below the threshold get a red background, darker the less likely.
+  function paintToken(span) {
+    const lp = parseFloat(span.dataset.lp), logThreshold = Math.log(state.threshold);
+    const low = lp < logThreshold;
+    span.classList.toggle("low", low);
+    span.style.background = low ? `rgba(230, 57, 53, ${(0.18 + 0.55 * Math.min(1, (logThreshold - lp) / 4)).toFixed(2)})` : "";
+  }
+
+  function renderTokens(step) {
+    if (!step.tokens) {
+      return el("div", {},
+        el("pre", { class: "box response", text: step.response }),
+        el("div", { class: "empty", text: `per-token text not dumped; lowest token log-prob ${fmt(step.min_logprob)}` }));
+    }
+    const pre = el("pre", { class: "box response" });
+    for (const [text, lp] of step.tokens) {
+      const span = el("span", { class: "tok", text: text });
+      if (lp !== null) {
+        span.dataset.lp = lp;
+        span.title = `p=${Math.exp(lp).toPrecision(3)} (log-prob ${lp.toFixed(3)})`;
+        paintToken(span);
+      }
+      pre.append(span);
+    }
+    return pre;
+  }
+
+  function renderPrompt(t, step, i) {
+    const label = el("div", { class: "label", text: `Prompt · ${step.prompt_tokens} tokens` });
+    if (!step.prompt) return el("div", {}, label, el("div", { class: "empty", text: "prompt text not dumped" }));
+    const texts = promptTexts(t);
+    if (step.context === "initial") {
+      return el("div", {}, label, el("details", { open: i === 0 && t.steps.length === 1 },
+        el("summary", { text: `initial prompt (${texts[i].length} chars)` }), el("pre", { class: "box", text: texts[i] })));
+    }
+    if (step.context === "extends") {
+      const [ctx, added] = [step.prompt[0][1], step.prompt[1][1]];
+      return el("div", {}, label,
+        el("details", {}, el("summary", { text: `earlier context, unchanged (${ctx} chars)` }),
+          el("pre", { class: "box", text: texts[i].slice(0, ctx) })),
+        el("div", { class: "label", text: "new since the previous step" }),
+        el("pre", { class: "box prompt-new" }, el("span", { class: "seg-new", text: added })));
+    }
+    const dropped = step.prompt.filter(([k]) => k === "drop").reduce((n, [, s]) => n + s.length, 0);
+    const note = step.context_note || {};
+    const facts = [`context rewritten${note.policy ? ` by policy "${note.policy}"` : ""}`];
+    if (note.dropped_turns !== undefined) facts.push(`${note.dropped_turns} turn(s) dropped`);
+    if (note.summarised) facts.push("history summarised");
+    facts.push(`${dropped} chars of the previous prompt + response not shown to the model`);
+    const body = el("pre", { class: "box prompt-diff" },
+      step.prompt.map(([kind, text]) => el("span", { class: kind === "same" ? "seg-same" : `seg-${kind}`, text: text })));
+    return el("div", {}, label, el("div", { class: "rewritten", text: facts.join(" · ") }), body);
+  }
+
+  function renderTools(step) {
+    const parts = [];
+    step.tool_calls.forEach((call, j) => {
+      parts.push(el("div", { class: "tool-call" }, el("span", { class: "name", text: call.name }),
+        `(${JSON.stringify(call.arguments === undefined ? {} : call.arguments)})`));
+      if (j < step.tool_results.length) parts.push(el("pre", { class: "box tool-out", text: String(step.tool_results[j]) }));
+    });
+    step.tool_results.slice(step.tool_calls.length).forEach((r) => parts.push(el("pre", { class: "box tool-out", text: String(r) })));
+    step.tool_errors.forEach((e) => parts.push(el("pre", { class: "box tool-err", text: String(e) })));
+    return parts.length ? el("div", { class: "tools" }, el("div", { class: "label", text: "Tool calls and outputs" }), parts) : null;
+  }
+
+  function renderStep(t, step, i) {
+    const head = el("div", { class: "step-head" },
+      el("b", { text: `Step ${i + 1}` }),
+      el("span", {}, "reward ", signed(step.reward)),
+      el("span", {}, "advantage ", step.advantage === null ? "–" : signed(step.advantage)),
+      el("span", { text: `${step.response_tokens} tokens` }),
+      el("span", { text: `stop: ${step.stop_reason}` }),
+      step.terminated ? el("span", { class: "badge", text: "terminated" }) : null,
+      step.truncated ? el("span", { class: "badge truncated", text: "truncated" }) : null,
+      el("span", { text: `policy v${step.policy_version}` }),
+      el("span", { class: `badge ctx-${step.context}`, text: `context: ${step.context}` }));
+    return el("div", { class: "step", "data-step": i }, head,
+      el("div", { class: "step-body" }, renderPrompt(t, step, i),
+        el("div", {}, el("div", { class: "label", text: "Response" }), renderTokens(step)),
+        renderTools(step)));
+  }
+
+  function groupOf(t) {
+    return t.group_id ? TRAJ.filter((u) => u.train_step === t.train_step && u.group_id === t.group_id) : [t];
+  }
+
+  function renderTrajectory(t) {
+    const group = groupOf(t);
+    const facts = el("div", { class: "facts" },
+      el("span", {}, "outcome ", outcomeBadges(t)),
+      el("span", {}, "total reward ", signed(t.total_reward)),
+      el("span", {}, "outcome reward ", signed(t.outcome_reward)),
+      el("span", { text: `${plural(t.steps.length, "step")} · ${t.num_response_tokens} response tokens` }),
+      el("span", { text: `training step ${t.train_step}` }),
+      t.group_id ? el("span", { text: `group ${t.group_id} (${group.length} members)` }) : null,
+      Object.keys(t.info).length ? el("span", { text: `info ${JSON.stringify(t.info)}` }) : null);
+    const head = el("div", { class: "traj-head" }, el("h3", { text: `Task ${t.task_id}` }), facts,
+      t.error ? el("pre", { class: "error", text: t.error }) : null,
+      group.length > 1 ? el("button", { class: "action compare-btn", onclick: () => { state.compare = true; renderDetail(); },
+        text: `Compare the ${group.length} members of this group side by side` }) : null);
+    return el("div", {}, head, t.steps.map((step, i) => renderStep(t, step, i)));
+  }
+
+  function renderCompare(t) {
+    const group = groupOf(t);
+    const head = el("div", { class: "traj-head" },
+      el("h3", { text: `Group ${t.group_id} · task ${t.task_id} · training step ${t.train_step}` }),
+      el("div", { class: "facts", text: `rewards: ${group.map((u) => fmt(u.total_reward)).join(", ")}` }),
+      el("button", { class: "action", onclick: () => { state.compare = false; renderDetail(); }, text: "Back to the trajectory" }));
+    const columns = group.map((u) => el("div", { class: "member", "data-id": u.id },
+      el("div", { class: "member-head", title: "open this trajectory", onclick: () => select(u.id) },
+        el("b", { text: `#${u.id}` }), " ", outcomeBadges(u),
+        el("div", {}, "total reward ", signed(u.total_reward), ` · ${plural(u.steps.length, "step")}`)),
+      u.steps.map((step, i) => el("div", { class: "mini-step" },
+        el("div", { class: "label" }, `step ${i + 1} · reward `, signed(step.reward),
+          " · adv ", step.advantage === null ? "–" : signed(step.advantage)),
+        renderTokens(step),
+        step.tool_calls.map((c) => el("div", { class: "tool-call" }, el("span", { class: "name", text: c.name }),
+          `(${JSON.stringify(c.arguments === undefined ? {} : c.arguments)})`)),
+        step.tool_errors.map((e) => el("div", { class: "tool-err", text: String(e) }))))));
+    return el("div", {}, head, el("div", { class: "compare" }, columns));
+  }
+
+  function renderDetail() {
+    const box = document.getElementById("detail");
+    box.textContent = "";
+    const t = BY_ID.get(state.selected);
+    if (!t) { box.append(el("div", { class: "placeholder", text: "Select a trajectory on the left to see its steps." })); return; }
+    box.append(state.compare ? renderCompare(t) : renderTrajectory(t));
+  }
+
+  function renderList() {
+    const list = document.getElementById("traj-list");
+    list.textContent = "";
+    const shown = TRAJ.filter(matches);
+    list.append(el("div", { class: "count", text: `${shown.length} of ${TRAJ.length} trajectories` }));
+    for (const t of shown) {
+      list.append(el("button", { class: `traj-item${t.id === state.selected ? " selected" : ""}`, "data-id": t.id, onclick: () => select(t.id) },
+        el("div", { class: "line1" }, el("span", {}, el("b", { text: t.task_id })), el("span", {}, outcomeBadges(t))),
+        el("div", { class: "line2", text: `step ${t.train_step}${t.group_id ? ` · ${t.group_id}` : ""} · ${plural(t.steps.length, "step")} · reward ${fmt(t.total_reward)}` })));
+    }
+  }
+
+  function select(id) {
+    state.selected = id;
+    state.compare = false;
+    renderList();
+    renderDetail();
+    document.getElementById("detail").scrollIntoView({ block: "nearest" });
+  }
+
+  function renderViewer() {
+    const root = document.getElementById("viewer");
+    if (!TRAJ.length) {
+      root.append(el("p", { class: "empty", text: "No trajectories dumped (trajectories/step_*.jsonl)." }));
+      return;
+    }
+    const tags = [...new Set(TRAJ.flatMap((t) => t.tags))].sort();
+    const onChange = (key) => (event) => { state[key] = event.target.value; renderList(); };
+    const note = DATA.dumped_steps.length > DATA.embedded_steps.length
+      ? `embedded training steps ${DATA.embedded_steps.join(", ")} of ${DATA.dumped_steps.length} dumped` : null;
+    const toolbar = el("div", { class: "toolbar" },
+      el("label", {}, "outcome ", el("select", { id: "filter-outcome", onchange: onChange("outcome") },
+        ["all", ...tags].map((tag) => el("option", { value: tag, text: tag })))),
+      el("label", {}, "training step ", el("select", { id: "filter-step", onchange: onChange("step") },
+        ["all", ...DATA.embedded_steps.map(String)].map((s) => el("option", { value: s, text: s })))),
+      el("label", {}, "task ", el("input", { id: "filter-search", type: "search", placeholder: "task or group id", oninput: onChange("search") })),
+      el("label", { title: "tokens whose sampling probability is below this are highlighted" }, "highlight tokens with p < ",
+        el("input", { id: "threshold", type: "number", min: "0", max: "1", step: "0.01", value: String(state.threshold),
+          onchange: (event) => { const v = parseFloat(event.target.value); if (v > 0 && v <= 1) { state.threshold = v; document.querySelectorAll(".tok[data-lp]").forEach(paintToken); } } })),
+      note ? el("span", { class: "empty", text: note }) : null);
+    root.append(toolbar, el("div", { class: "viewer" }, el("div", { id: "traj-list", class: "traj-list" }), el("div", { id: "detail", class: "detail" })));
+    renderList();
+    renderDetail();
+  }
+
+  renderCharts();
+  renderViewer();
+})();

@@ -1,0 +1,531 @@
+"""The run report and trajectory viewer (agent_r1/report), on a realistic run directory built here with
+the real types and the tiny byte-level tokenizer, plus one test in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent_r1.report import load_run, render_html, write_report
+from agent_r1.report.html import chart_groups, embed_json
+from agent_r1.report.run import ContextChange, metric_series, prompt_segments, read_metrics
+from agent_r1.types import Step, Trajectory, TrajectoryStatus, write_jsonl
+
+INJECTION = "</script><script>window.__pwned = 1</script><!--"
+SYSTEM = "You are a careful calculator agent. Use the add tool, then answer as <answer>N</answer>."
+
+
+def _turn(role: str, content: str) -> str:
+    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+
+
+def _call(a: int, b: int) -> str:
+    return f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+
+
+def _add(a: int, b: int) -> dict:
+    return {"name": "add", "arguments": {"a": a, "b": b}}
+
+
+def _answer(n: int) -> str:
+    return f"The sum is <answer>{n}</answer>"
+
+
+def _trajectory(tokenizer, rng, task_id, group_id, question, turns, *, outcome, success, window=None, **kw):
+    """A trajectory whose prompts are built the way an "append" context policy builds them (each prompt
+    = previous prompt + response + tool turn + generation prompt), except that from turn index
+    ``window`` on a sliding window keeps only the system, user and last turn (the context is rewritten).
+
+    ``turns``: (response text, tool calls, tool results, tool errors, step reward) per step.
+    """
+    head = _turn("system", SYSTEM) + _turn("user", question)
+    history: list[str] = []  # one string per finished turn: assistant response + tool turn
+    steps = []
+    for i, (response, calls, results, errors, reward) in enumerate(turns):
+        context_note = None
+        if window is not None and i >= window:
+            dropped = len(history) - 1
+            prompt_text = head + "".join(history[-1:]) + "<|im_start|>assistant\n"
+            context_note = {"policy": "sliding_window", "dropped_turns": dropped, "summarised": False}
+        else:
+            prompt_text = head + "".join(history) + "<|im_start|>assistant\n"
+        prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+        response_ids = tokenizer.encode(response + "<|im_end|>", add_special_tokens=False)
+        logprobs = [-1.2 * rng.random() ** 4 for _ in response_ids]
+        for j in rng.sample(range(len(response_ids)), k=min(3, len(response_ids))):
+            logprobs[j] = rng.uniform(-7.0, -2.5)  # a few unlikely tokens to highlight
+        tool_turn = "".join(
+            _turn("user", f"<tool_response>\n{r}\n</tool_response>") for r in results + errors
+        )
+        history.append("<|im_start|>assistant\n" + response + "<|im_end|>\n" + tool_turn)
+        info = {
+            "prompt_text": prompt_text,
+            "response_tokens": [tokenizer.decode([t]) for t in response_ids],
+            "advantage": round(rng.uniform(-1, 1), 3),
+            "tool_calls": calls,
+            "tool_results": results,
+            "tool_errors": errors,
+        }
+        if context_note:
+            info["context"] = context_note
+        last = i == len(turns) - 1
+        steps.append(
+            Step(
+                prompt_ids=prompt_ids,
+                response_ids=response_ids,
+                logprobs=logprobs,
+                reward=reward,
+                terminated=last and kw.get("status", TrajectoryStatus.OK) is TrajectoryStatus.OK,
+                truncated=last and kw.get("status") is TrajectoryStatus.TRUNCATED,
+                response_text=response,
+                policy_version=3,
+                info=info,
+                timings={"generate_s": round(rng.uniform(0.05, 0.3), 3)},
+            )
+        )
+    info = {} if success is None else {"success": success}
+    return Trajectory(task_id, tuple(steps), group_id=group_id, outcome_reward=outcome, info=info, **kw)
+
+
+def _group(tokenizer, rng, task_number: int, train_step: int) -> list[Trajectory]:
+    a, b, c = 10 + task_number, 25, 8
+    s1, s2 = a + b, a + b + c
+    task_id, group_id = f"add-{task_number}", f"s{train_step}-g{task_number}"
+    q = f"What is {a}+{b}+{c}?"
+    solved = [
+        (_call(a, b), [_add(a, b)], [str(s1)], [], 0.0),
+        (_call(s1, c), [_add(s1, c)], [str(s2)], [], 0.0),
+        (_answer(s2), [], [], [], 0.0),
+    ]
+    malformed = f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": }}\n</tool_call>'
+    return [
+        _trajectory(tokenizer, rng, task_id, group_id, q, solved, outcome=1.0, success=True),
+        _trajectory(
+            tokenizer,
+            rng,
+            task_id,
+            group_id,
+            q,
+            [(_answer(s2 - 2), [], [], [], 0.0)],
+            outcome=0.0,
+            success=False,
+        ),
+        _trajectory(
+            tokenizer,
+            rng,
+            task_id,
+            group_id,
+            q,
+            [
+                (
+                    malformed,
+                    [],
+                    [],
+                    ["hermes: tool call 0 is not valid JSON: Expecting value (line 1 column 39)"],
+                    -0.1,
+                ),
+                (_call(a, b), [_add(a, b)], [f"{s1}\n{INJECTION}"], [], 0.0),
+                (_call(s1, c), [_add(s1, c)], [str(s2)], [], 0.0),
+                (_answer(s2), [], [], [], 0.0),
+            ],
+            outcome=1.0,
+            success=True,
+            window=3,
+        ),
+        _trajectory(
+            tokenizer,
+            rng,
+            task_id,
+            group_id,
+            q,
+            solved[:2],
+            outcome=0.0,
+            success=False,
+            status=TrajectoryStatus.TRUNCATED,
+        ),
+        _trajectory(
+            tokenizer,
+            rng,
+            task_id,
+            group_id,
+            q,
+            solved[:1],
+            outcome=0.0,
+            success=None,
+            status=TrajectoryStatus.ERROR,
+            error="Traceback (most recent call last):\n  ...\nTimeoutError: tool add timed out after 30 s",
+        ),
+    ]
+
+
+def make_run_dir(root: Path, tokenizer, *, train_steps: int = 8, dump_every: int = 2) -> Path:
+    """A run directory as CONTRACTS.md describes it, filled with realistic content."""
+    rng = random.Random(0)
+    run = root / "run"
+    (run / "trajectories").mkdir(parents=True)
+    (run / "tb").mkdir()
+    (run / "config.yaml").write_text(
+        "model:\n  path: tiny\nalgorithm:\n  advantage: grpo\n  kl_coef: 0.001\nrollout:\n  n: 5\n  max_steps: 4\n"
+    )
+    t0 = 1_760_000_000.0
+    with open(run / "metrics.jsonl", "w") as f:
+        for step in range(1, train_steps + 1):
+            progress = step / train_steps
+            row = {
+                "step": step,
+                "time": t0 + 30 * step,
+                "reward/mean": 0.2 + 0.6 * progress + rng.uniform(-0.05, 0.05),
+                "reward/std": 0.4 - 0.2 * progress,
+                "success/mean": min(1.0, 0.1 + 0.8 * progress),
+                "kl/mean": 0.002 * step,
+                "entropy/mean": 1.5 - 0.5 * progress,
+                "response_length/mean": 60 - 3 * step,
+                "steps_per_trajectory/mean": 3.5 - 0.2 * step,
+                "throughput/tokens_per_s": 9000 + 200 * rng.random(),
+                "loss/policy": rng.uniform(-0.1, 0.1),
+                "grad_norm": float("nan") if step == 3 else 0.5 + rng.random(),
+                "lr": 1e-6,
+                "clip_fraction": 0.01 * rng.random(),
+                "time/step": 20.0,
+                "time/rollout": 12.0,
+                "time/score": 0.5,
+                "time/update": 6.0,
+                "time/sync": 1.5,
+                "custom/buffer_size": 64 * step,
+                "run_name": "demo",  # not numeric: ignored
+            }
+            if step == 5:
+                del row["kl/mean"]  # any key may be missing
+            f.write(json.dumps(row) + "\n")
+            if step % 4 == 0:
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "time": t0 + 30 * step + 5,
+                            "eval/reward": 0.3 + 0.5 * progress,
+                            "eval/success": 0.25 * step / 4,
+                        }
+                    )
+                    + "\n"
+                )
+            if step % dump_every == 0:
+                trajectories = [t for n in range(2) for t in _group(tokenizer, rng, n, step)]
+                write_jsonl(run / "trajectories" / f"step_{step:06d}.jsonl", trajectories)
+    return run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    return make_run_dir(tmp_path_factory.mktemp("report"), tiny_tokenizer)
+
+
+def _page_data(page: str) -> dict:
+    match = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
+    assert match, "the page embeds its data"
+    return json.loads(match.group(1))
+
+
+# ---------------------------------------------------------------- reading the run
+
+
+def test_metrics_are_read_leniently_and_grouped_by_prefix(run_dir):
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert len(rows) == 8 + 2  # 8 training rows and 2 evaluation rows
+    assert all("run_name" not in r for r in rows)
+    series = metric_series(rows)
+    assert [x for x, _ in series["kl/mean"]] == [1, 2, 3, 4, 6, 7, 8]  # step 5 lacks it
+    assert [x for x, _ in series["grad_norm"]] == [1, 2, 4, 5, 6, 7, 8]  # NaN at step 3 is a gap
+    assert series["eval/success"] == [(4, 0.25), (8, 0.5)]
+    charts = chart_groups(series)
+    prefixes = [c["prefix"] for c in charts]
+    assert prefixes[:3] == ["reward", "success", "eval"]
+    assert prefixes[-1] == "custom"  # unknown prefixes are plotted too, after the known ones
+    time_chart = next(c for c in charts if c["prefix"] == "time")
+    assert {s["key"] for s in time_chart["series"]} == {
+        "time/step",
+        "time/rollout",
+        "time/score",
+        "time/update",
+        "time/sync",
+    }
+
+
+def test_bad_metrics_lines_are_named_but_a_half_written_last_line_is_skipped(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "reward/mean": 0.5}\n{"step": 2, "rew')
+    assert read_metrics(path) == [{"step": 1, "reward/mean": 0.5}]
+    path.write_text('{"step": 1}\n{"step": 2, oops}\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
+        read_metrics(path)
+    path.write_text('{"step": 1}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: expected a JSON object, got list"):
+        read_metrics(path)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        load_run(tmp_path / "nowhere")
+
+
+def test_extension_prompt_shares_exactly_the_common_prefix():
+    previous = "<s>sys</s><s>user: hi</s><s>assistant\nhello"
+    prompt = "<s>sys</s><s>user: hi</s><s>assistant\nhello<|im_end|>\n<s>tool: 42</s>"
+    segments = prompt_segments(previous, prompt, ContextChange.EXTENDS)
+    assert segments == [["ctx", len(previous)], ["new", "<|im_end|>\n<s>tool: 42</s>"]]
+    assert prompt_segments("", "abc", ContextChange.INITIAL) == [["new", "abc"]]
+
+
+_PIECES = [
+    "<|im_start|>system\nsys\n",
+    "<|im_start|>user\nq\n",
+    "<|im_start|>assistant\ncall a\n",
+    "result 1\n",
+]
+_PIECES += ["<|im_start|>assistant\ncall b\n", "result 2\n", "summary of a\n", "[1 turn dropped]\n", "call "]
+
+
+@given(st.lists(st.sampled_from(_PIECES), max_size=8), st.lists(st.sampled_from(_PIECES), max_size=8))
+def test_rewritten_prompt_diff_rebuilds_both_texts(old_lines, new_lines):
+    previous, prompt = "".join(old_lines), "".join(new_lines)
+    segments = prompt_segments(previous, prompt, ContextChange.REWRITTEN)
+    assert "".join(text for kind, text in segments if kind in ("same", "new")) == prompt
+    assert "".join(text for kind, text in segments if kind in ("same", "drop")) == previous
+    assert all(a[0] != b[0] for a, b in zip(segments, segments[1:], strict=False))  # neighbours are merged
+
+
+def test_trajectory_views_show_context_changes_tools_tokens_and_outcomes(run_dir):
+    run = load_run(run_dir, last_steps=1, per_step=0)
+    assert run.dumped_steps == [2, 4, 6, 8] and run.embedded_steps == [8]
+    views = run.trajectories
+    assert len(views) == 10
+    solved, failed, rewritten, truncated, errored = views[:5]
+    assert solved["tags"] == ["success"] and failed["tags"] == ["failure"]
+    assert truncated["tags"] == ["failure", "truncated"] and errored["tags"] == ["error"]
+    assert "TimeoutError" in errored["error"]
+    assert [s["context"] for s in solved["steps"]] == ["initial", "extends", "extends"]
+    assert [s["context"] for s in rewritten["steps"]] == ["initial", "extends", "extends", "rewritten"]
+    step = rewritten["steps"][3]
+    assert step["context_note"] == {"policy": "sliding_window", "dropped_turns": 2, "summarised": False}
+    dropped = "".join(text for kind, text in step["prompt"] if kind == "drop")
+    assert "not valid JSON" in dropped and INJECTION in dropped  # the first two turns left the context
+    assert '"a": 35, "b": 8' not in dropped  # ... and the last one stayed
+    assert rewritten["steps"][0]["tool_errors"][0].startswith("hermes: tool call 0 is not valid JSON")
+    assert rewritten["steps"][1]["tool_calls"] == [{"name": "add", "arguments": {"a": 10, "b": 25}}]
+    # An extension step stores only what is new; the earlier context is a reference into the previous step.
+    kind, n = solved["steps"][1]["prompt"][0]
+    first = solved["steps"][0]
+    assert kind == "ctx" and n == len(first["prompt"][0][1]) + len(first["response"])
+    assert "<tool_response>\n35\n</tool_response>" in solved["steps"][1]["prompt"][1][1]
+    tokens = solved["steps"][0]["tokens"]
+    assert "".join(t for t, _ in tokens) == solved["steps"][0]["response"] + "<|im_end|>"
+    assert sum(lp < math.log(0.1) for _, lp in tokens) >= 3
+
+
+def test_embedded_trajectories_are_capped_by_step_and_whole_groups(run_dir):
+    run = load_run(run_dir, last_steps=2, per_step=3)
+    assert run.embedded_steps == [6, 8]
+    assert len(run.trajectories) == 2 * 5  # 3 rounded up to the whole first group of 5
+    assert {t["group_id"] for t in run.trajectories} == {"s6-g0", "s8-g0"}
+    assert len(load_run(run_dir, last_steps=0, per_step=0).trajectories) == 4 * 10
+
+
+# ---------------------------------------------------------------- the page
+
+
+def test_report_page_is_self_contained_and_its_data_cannot_break_out(run_dir, tmp_path):
+    out = write_report(run_dir, tmp_path / "report.html")
+    page = out.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "no network resources"
+    assert "<link" not in page
+    assert page.count("</script>") == 2 and INJECTION not in page  # the tool output is escaped
+    data = _page_data(page)
+    outputs = [r for t in data["trajectories"] for s in t["steps"] for r in s["tool_results"]]
+    assert any(INJECTION in r for r in outputs)  # ... and still arrives intact
+    assert data["embedded_steps"] == [2, 4, 6, 8]
+    assert "<th>eval/success</th>" in page and "<td>0.5</td>" in page
+    assert "advantage: grpo" in page  # the resolved config
+    assert 'class="card-key">reward/mean' in page  # a summary card
+    assert len(page) < 2_000_000
+    assert embed_json({"s": "\u2028<&>"}) == '{"s":"\\u2028\\u003c\\u0026\\u003e"}'
+
+
+def test_empty_run_dir_still_renders(tmp_path):
+    page = render_html(load_run(tmp_path))
+    data = _page_data(page)
+    assert data["charts"] == [] and data["trajectories"] == []
+    assert "No config.yaml" in page and "No evaluation rows" in page
+
+
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", *args], capture_output=True, text=True, timeout=120, **kw
+    )
+
+
+def test_report_command_writes_the_page_and_names_bad_input(run_dir, tmp_path):
+    out = tmp_path / "r.html"
+    done = _cli("report", str(run_dir), "-o", str(out), "--last-steps", "1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(out)
+    assert _page_data(out.read_text())["embedded_steps"] == [8]
+    done = _cli("report", str(tmp_path / "missing"))
+    assert done.returncode == 1 and "missing" in done.stderr and "does not exist" in done.stderr
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+
+
+def test_view_command_serves_fresh_data_on_every_reload(run_dir, tmp_path):
+    run = tmp_path / "live"
+    shutil.copytree(run_dir, run)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent_r1.cli", "view", str(run), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line).group(0)
+        status, page = _get(url)
+        assert status == 200
+        steps = [x for x, _ in _page_data(page)["charts"][0]["series"][0]["points"]]
+        assert max(steps) == 8
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": 9, "reward/mean": 0.9}) + "\n")
+        status, page = _get(url)
+        assert max(x for x, _ in _page_data(page)["charts"][0]["series"][0]["points"]) == 9
+        assert _get(url + "elsewhere")[0] == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- in a real browser
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _playwright():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed: run `bash scripts/install_browser.sh`")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed: run `bash scripts/install_browser.sh`")
+    return sync_playwright
+
+
+def _save_screenshot(page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("AGENT_R1_SCREENSHOT_DIR"):
+        target = Path(os.environ["AGENT_R1_SCREENSHOT_DIR"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target / name)
+    return path
+
+
+@pytest.mark.browser
+def test_report_in_headless_chromium(run_dir, tmp_path):
+    sync_playwright = _playwright()
+    report = write_report(run_dir, tmp_path / "report.html", last_steps=2)
+    problems: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on(
+                "console",
+                lambda m: (
+                    problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None
+                ),
+            )
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(report.as_uri())
+            page.wait_for_selector(".chart svg path.series")
+
+            # The plots render: one chart per metric prefix, every line has points and a visible size.
+            charts = page.locator(".chart")
+            assert charts.count() == 14
+            lines = page.locator("path.series")
+            assert lines.count() == 20
+            for i in range(lines.count()):
+                box = lines.nth(i).bounding_box()
+                assert box and box["width"] > 50, lines.nth(i).get_attribute("data-key")
+            reward_chart = page.locator('.chart[data-prefix="reward"] svg')
+            reward_chart.hover()
+            assert "step" in page.locator('.chart[data-prefix="reward"] .tooltip').inner_text()
+            assert page.locator(".eval-table tbody tr").count() == 2
+
+            # Clicking a trajectory shows its steps, with tool calls and low-probability tokens.
+            items = page.locator(".traj-item")
+            assert items.count() == 20
+            assert page.locator(".step").count() == 0
+            items.first.click()
+            assert page.locator("#detail .step").count() == 3
+            assert page.locator("#detail .tool-call .name").first.inner_text() == "add"
+            assert page.locator("#detail .seg-new").count() == 2  # what each later step added
+            low = page.locator("#detail .tok.low").count()
+            assert low >= 9
+            page.fill("#threshold", "0.001")
+            page.dispatch_event("#threshold", "change")
+            assert page.locator("#detail .tok.low").count() < low
+
+            # Filter by outcome.
+            page.select_option("#filter-outcome", "failure")
+            assert page.locator(".traj-item").count() == 8
+            assert page.locator(".traj-item .badge.failure").count() == 8
+            page.select_option("#filter-outcome", "all")
+
+            # The rewritten context: a banner and the dropped text; the injected tool output is inert text.
+            page.locator(".traj-item").nth(2).click()
+            assert page.locator("#detail .step").count() == 4
+            banner = page.locator("#detail .rewritten").inner_text()
+            assert 'policy "sliding_window"' in banner and "2 turn(s) dropped" in banner
+            assert "not valid JSON" in "".join(page.locator("#detail .seg-drop").all_inner_texts())
+            assert page.locator("#detail .tool-out", has_text="window.__pwned").count() == 1
+            assert page.evaluate("window.__pwned") is None
+            page.fill("#threshold", "0.1")
+            page.dispatch_event("#threshold", "change")
+            shot = _save_screenshot(page, tmp_path, "report_trajectory.png")
+
+            # Compare the members of a group side by side.
+            page.click(".compare-btn")
+            assert page.locator(".compare .member").count() == 5
+            _save_screenshot(page, tmp_path, "report_group_compare.png")
+            page.locator(".compare .member-head").nth(1).click()
+            assert page.locator("#detail .step").count() == 1
+        finally:
+            browser.close()
+    assert problems == []
+    assert requests == [report.as_uri()], "the page fetched nothing but itself"
+    assert shot.stat().st_size > 10_000

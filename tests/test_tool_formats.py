@@ -510,3 +510,28 @@ def test_llama3_json_round_trip(calls, tagged):
     parsed = llama.parse(text)
     assert parsed.errors == ()
     assert [(c.name, c.arguments) for c in parsed.calls] == calls
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "error"),
+    [
+        (
+            hermes,
+            "<tool_call>" + "[" * 100_000 + "</tool_call>",
+            "<tool_call> #1: invalid JSON: nested too deeply. ",
+        ),
+        (
+            react,
+            "Action: a\nAction Input: " + "[" * 100_000,
+            "Action #1 ('a'): Action Input is not valid JSON: nested too deeply. ",
+        ),
+        (
+            llama,
+            '{"name": "a", "parameters": ' + "[" * 100_000,
+            "tool call #1: invalid JSON: nested too deeply. ",
+        ),
+    ],
+)
+def test_json_nested_past_the_recursion_limit_is_an_error(fmt, text, error):
+    (message,) = fmt.parse(text).errors
+    assert message.startswith(error)

@@ -1,0 +1,347 @@
+"""Flows: async programs that use an engine to produce one Trajectory per task.
+
+``AgentFlow.run(engine, task)`` is the lowest layer: any workflow that calls the model and returns a
+``Trajectory``. Two flows ship here:
+
+- ``SingleStepFlow``: one prompt, one response, one reward (RLVR on single-turn tasks).
+- ``AgentEnvLoop``: the step-level MDP loop (Agent-R1, arXiv 2511.14460, Alg. 1) — reset an
+  ``AgentEnv``, then repeatedly generate an action from the current prompt and ``step`` the env, one
+  ``Step`` per transition, until the env terminates or truncates, or ``max_steps`` is reached.
+
+``rollout_group`` runs the n samples of one task concurrently (the unit of group baselines) and turns
+an exception in one sample into an ERROR trajectory, so the other samples go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from agent_r1.envs.base import AgentEnv
+from agent_r1.envs.context import encode_text, render_messages, task_id, task_messages
+from agent_r1.models.loading import require_chat_template
+from agent_r1.rollout.base import Engine
+from agent_r1.types import (
+    Action,
+    Completion,
+    Observation,
+    SamplingParams,
+    Step,
+    StopReason,
+    Task,
+    Trajectory,
+    TrajectoryGroup,
+    TrajectoryStatus,
+)
+
+__all__ = [
+    "AgentEnvLoop",
+    "AgentFlow",
+    "EngineError",
+    "PromptTooLongError",
+    "SingleStepFlow",
+    "decode_response",
+    "observation_ids",
+    "rollout_group",
+    "rollout_groups",
+    "short_traceback",
+]
+
+TRACEBACK_FRAMES = 4
+
+
+class PromptTooLongError(ValueError):
+    """A prompt outgrew ``max_prompt_tokens`` and the flow was configured to raise."""
+
+
+class EngineError(RuntimeError):
+    """The engine aborted a request (``Completion.finish_reason == ABORT``)."""
+
+
+def short_traceback(error: BaseException, frames: int = TRACEBACK_FRAMES) -> str:
+    """The exception and its last ``frames`` stack frames, as text."""
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=-frames))
+
+
+def observation_ids(observation: Observation, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Prompt ids for an observation: token ids as is; messages through the chat template (with the
+    generation prompt); text encoded without special tokens added."""
+    if observation.token_ids is not None:
+        return list(observation.token_ids)
+    if observation.messages is not None:
+        return encode_text(tokenizer, render_messages(tokenizer, observation.messages))
+    return encode_text(tokenizer, observation.text or "")
+
+
+def decode_response(tokenizer: PreTrainedTokenizerBase, completion: Completion) -> str:
+    """The response text, special tokens kept (tool-call tags may be special tokens)."""
+    return tokenizer.decode(list(completion.token_ids), skip_special_tokens=False)
+
+
+class AgentFlow(ABC):
+    """Anything that turns (engine, task) into a Trajectory. Subclass and implement ``run``."""
+
+    @abstractmethod
+    async def run(self, engine: Engine, task: Task) -> Trajectory: ...
+
+
+OverflowMode = Literal["truncate", "raise"]
+
+
+class _PromptLimits:
+    """Shared prompt-length handling: the overflow check and the response cap."""
+
+    def __init__(
+        self,
+        sampling_params: SamplingParams,
+        max_prompt_tokens: int | None,
+        max_total_tokens: int | None,
+        on_prompt_overflow: OverflowMode,
+    ) -> None:
+        if on_prompt_overflow not in ("truncate", "raise"):
+            raise ValueError(f"on_prompt_overflow must be 'truncate' or 'raise', got {on_prompt_overflow!r}")
+        for name, value in (("max_prompt_tokens", max_prompt_tokens), ("max_total_tokens", max_total_tokens)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        self.sampling_params = sampling_params
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_total_tokens = max_total_tokens
+        self.on_prompt_overflow = on_prompt_overflow
+
+    def overflow(self, n_prompt: int) -> str | None:
+        """Why a prompt of ``n_prompt`` tokens cannot be served, or None. Raises in 'raise' mode."""
+        reason = None
+        if self.max_prompt_tokens is not None and n_prompt > self.max_prompt_tokens:
+            reason = f"prompt has {n_prompt} tokens > max_prompt_tokens={self.max_prompt_tokens}"
+        elif self.max_total_tokens is not None and n_prompt >= self.max_total_tokens:
+            reason = f"prompt has {n_prompt} tokens, leaving no room under max_total_tokens={self.max_total_tokens}"
+        if reason and self.on_prompt_overflow == "raise":
+            raise PromptTooLongError(reason)
+        return reason
+
+    def params_for(self, n_prompt: int) -> SamplingParams:
+        """The sampling params, ``max_tokens`` capped so that prompt + response fits ``max_total_tokens``."""
+        if self.max_total_tokens is None:
+            return self.sampling_params
+        room = self.max_total_tokens - n_prompt
+        if room >= self.sampling_params.max_tokens:
+            return self.sampling_params
+        return replace(self.sampling_params, max_tokens=room)
+
+
+async def _generate(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    completion = await engine.generate(prompt_ids, params)
+    if completion.finish_reason is StopReason.ABORT:
+        raise EngineError(f"the engine aborted the request: {completion.error or 'no reason given'}")
+    return completion
+
+
+class SingleStepFlow(AgentFlow):
+    """One prompt (``task[prompt_key]`` through the chat template), one response, one reward.
+
+    ``reward_fn(response_text, task) -> float`` is the outcome reward; it may return a bool.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        sampling_params: SamplingParams,
+        reward_fn: Callable[[str, Task], float],
+        *,
+        prompt_key: str = "prompt",
+        max_prompt_tokens: int | None = None,
+        max_total_tokens: int | None = None,
+        on_prompt_overflow: OverflowMode = "truncate",
+    ) -> None:
+        require_chat_template(tokenizer)
+        self.tokenizer = tokenizer
+        self.reward_fn = reward_fn
+        self.prompt_key = prompt_key
+        self.limits = _PromptLimits(sampling_params, max_prompt_tokens, max_total_tokens, on_prompt_overflow)
+
+    async def run(self, engine: Engine, task: Task) -> Trajectory:
+        prompt_ids = observation_ids(
+            Observation(messages=task_messages(task, self.prompt_key)), self.tokenizer
+        )
+        overflow = self.limits.overflow(len(prompt_ids))
+        if overflow:
+            return Trajectory(
+                task_id(task), (), status=TrajectoryStatus.TRUNCATED, info={"truncated": overflow}
+            )
+        start = time.perf_counter()
+        completion = await _generate(engine, prompt_ids, self.limits.params_for(len(prompt_ids)))
+        generate_s = time.perf_counter() - start
+        text = decode_response(self.tokenizer, completion)
+        reward = float(self.reward_fn(text, task))
+        step = Step(
+            prompt_ids=prompt_ids,
+            response_ids=completion.token_ids,
+            logprobs=completion.logprobs,
+            terminated=True,
+            stop_reason=completion.finish_reason,
+            response_text=text,
+            timings={"generate": generate_s},
+        )
+        return Trajectory(task_id(task), (step,), outcome_reward=reward)
+
+
+class AgentEnvLoop(AgentFlow):
+    """The step-level MDP loop over an ``AgentEnv``.
+
+    - ``env_factory()`` builds a fresh env per trajectory (a class, a lambda, or ``functools.partial``).
+    - Observations become prompt ids: token ids as is, messages via the chat template (with the
+      generation prompt), text encoded without special tokens.
+    - Ends when the env reports ``terminated`` or ``truncated`` (status OK), or after ``max_steps``
+      steps (status OK, the last step marked ``truncated``: a time limit outside the MDP).
+    - A prompt with more than ``max_prompt_tokens`` tokens (or no room left under
+      ``max_total_tokens``) ends the trajectory with status TRUNCATED (``on_prompt_overflow="truncate"``,
+      the default) or raises ``PromptTooLongError`` (``"raise"``).
+    - ``max_tokens`` is capped per step so that prompt + response fits ``max_total_tokens``.
+    - Each Step carries ``timings = {"generate": s, "env_step": s}``.
+    - An exception in the env (reset/step/close) or the engine ends the trajectory with status ERROR,
+      ``error`` = a short traceback, and the completed steps kept. ``PromptTooLongError`` is raised,
+      not caught, in "raise" mode.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[], AgentEnv],
+        tokenizer: PreTrainedTokenizerBase,
+        sampling_params: SamplingParams,
+        *,
+        max_steps: int = 16,
+        max_prompt_tokens: int | None = None,
+        max_total_tokens: int | None = None,
+        on_prompt_overflow: OverflowMode = "truncate",
+    ) -> None:
+        if not callable(env_factory):
+            raise TypeError(f"env_factory must be callable (e.g. the env class), got {env_factory!r}")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        require_chat_template(tokenizer)
+        self.env_factory = env_factory
+        self.tokenizer = tokenizer
+        self.max_steps = max_steps
+        self.limits = _PromptLimits(sampling_params, max_prompt_tokens, max_total_tokens, on_prompt_overflow)
+
+    async def run(self, engine: Engine, task: Task) -> Trajectory:
+        steps: list[Step] = []
+        outcome_reward = 0.0
+        info: dict[str, Any] = {}
+        status = TrajectoryStatus.OK
+        env: AgentEnv | None = None
+        try:
+            env = self.env_factory()
+            observation = await env.reset(task)
+            for _ in range(self.max_steps):
+                prompt_ids = observation_ids(observation, self.tokenizer)
+                overflow = self.limits.overflow(len(prompt_ids))
+                if overflow:
+                    status = TrajectoryStatus.TRUNCATED
+                    info["truncated"] = overflow
+                    break
+                start = time.perf_counter()
+                completion = await _generate(engine, prompt_ids, self.limits.params_for(len(prompt_ids)))
+                generate_s = time.perf_counter() - start
+                text = decode_response(self.tokenizer, completion)
+                action = Action(text, completion.token_ids, completion.finish_reason)
+                start = time.perf_counter()
+                result = await env.step(action)
+                env_step_s = time.perf_counter() - start
+                steps.append(
+                    Step(
+                        prompt_ids=prompt_ids,
+                        response_ids=completion.token_ids,
+                        logprobs=completion.logprobs,
+                        reward=float(result.reward),
+                        terminated=result.terminated,
+                        truncated=result.truncated,
+                        stop_reason=completion.finish_reason,
+                        response_text=text,
+                        info=dict(result.info),
+                        timings={"generate": generate_s, "env_step": env_step_s},
+                    )
+                )
+                if result.outcome_reward is not None:
+                    outcome_reward = float(result.outcome_reward)
+                if "success" in result.info:
+                    info["success"] = bool(result.info["success"])
+                if result.terminated or result.truncated:
+                    break
+                assert result.observation is not None  # StepResult enforces it for a running episode
+                observation = result.observation
+            else:
+                steps[-1] = replace(steps[-1], truncated=True)
+                info["truncated"] = f"max_steps={self.max_steps} reached"
+            finished, env = env, None  # closed once, even if close() itself raises
+            await finished.close()
+        except PromptTooLongError:
+            await _close_quietly(env)
+            raise
+        except Exception as error:
+            await _close_quietly(env)
+            return Trajectory(
+                task_id(task),
+                steps,
+                outcome_reward=outcome_reward,
+                status=TrajectoryStatus.ERROR,
+                error=short_traceback(error),
+                info=info,
+            )
+        return Trajectory(task_id(task), steps, outcome_reward=outcome_reward, status=status, info=info)
+
+
+async def _close_quietly(env: AgentEnv | None) -> None:
+    # The trajectory already failed; its first error is the one to report, not one from close().
+    if env is None:
+        return
+    try:
+        await env.close()
+    except Exception:
+        return
+
+
+async def rollout_group(
+    flow: AgentFlow, engine: Engine, task: Task, n: int, group_id: str
+) -> TrajectoryGroup:
+    """Run ``n`` samples of ``task`` concurrently.
+
+    An exception escaping one sample's ``flow.run`` becomes that trajectory's ERROR status with a short
+    traceback (no steps, since the flow kept none); the other samples go on. ``PromptTooLongError``
+    (a flow configured with ``on_prompt_overflow="raise"``) is re-raised once every sample has ended.
+    """
+    if n < 1:
+        raise ValueError(f"rollout_group: n must be >= 1, got {n}")
+    outcomes = await asyncio.gather(*(flow.run(engine, task) for _ in range(n)), return_exceptions=True)
+    trajectories = []
+    for outcome in outcomes:
+        if isinstance(outcome, PromptTooLongError):
+            raise outcome
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):
+                raise outcome
+            outcome = Trajectory(
+                task_id(task), (), status=TrajectoryStatus.ERROR, error=short_traceback(outcome)
+            )
+        trajectories.append(outcome.with_group(group_id))
+    return TrajectoryGroup(group_id, task_id(task), trajectories)
+
+
+async def rollout_groups(
+    flow: AgentFlow, engine: Engine, tasks: Sequence[Task], n: int
+) -> list[TrajectoryGroup]:
+    """``rollout_group`` for every task, all concurrently; group ids are ``"<index>"`` or
+    ``"<index>:<task id>"`` when the task has an id."""
+    group_ids = [f"{i}:{task_id(t)}" if task_id(t) else str(i) for i, t in enumerate(tasks)]
+    return list(
+        await asyncio.gather(
+            *(rollout_group(flow, engine, t, n, g) for t, g in zip(tasks, group_ids, strict=True))
+        )
+    )

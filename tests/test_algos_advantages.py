@@ -262,6 +262,39 @@ def test_gae_with_gamma_lambda_one_is_return_minus_value(table):
     assert torch.allclose(step.advantages, expected_step, atol=1e-5)
 
 
+def naive_gae(rewards: list[float], values: list[float], gamma: float, lam: float) -> list[float]:
+    """GAE written out with Python floats, for one sequence that ends in a terminal state."""
+    advantages, running = [0.0] * len(rewards), 0.0
+    for t in reversed(range(len(rewards))):
+        next_value = values[t + 1] if t + 1 < len(rewards) else 0.0
+        running = rewards[t] + gamma * next_value - values[t] + gamma * lam * running
+        advantages[t] = running
+    return advantages
+
+
+UNIT = st.floats(0.0, 1.0)
+
+
+@PROPERTY_SETTINGS
+@given(step_tables(), UNIT, UNIT)
+def test_gae_estimators_match_a_naive_loop_over_each_trajectory(table, gamma, lam):
+    cfg = AdvantageConfig(gamma=gamma, lam=lam)
+    token = compute_advantages(table, "gae_token", cfg).advantages
+    step = compute_advantages(table, "gae_step", cfg).advantages
+    rewards = step_rewards(table)
+    for traj in table.traj_index.unique():
+        rows = [int(r) for r in table.sorted_rows() if table.traj_index[r] == traj]
+        cells = [(r, c) for r in rows for c in range(table.max_response_len) if table.response_mask[r, c] > 0]
+        last_cell = {r: max(c for rr, c in cells if rr == r) for r in rows}
+        token_rewards = [float(rewards[r]) if c == last_cell[r] else 0.0 for r, c in cells]
+        expected = naive_gae(token_rewards, [float(table.token_values[r, c]) for r, c in cells], gamma, lam)
+        assert [float(token[r, c]) for r, c in cells] == pytest.approx(expected, abs=1e-4)
+        expected = naive_gae(
+            [float(rewards[r]) for r in rows], [float(table.step_values[r]) for r in rows], gamma, lam
+        )
+        assert [float(step[r, 0]) for r in rows] == pytest.approx(expected, abs=1e-4)
+
+
 @PROPERTY_SETTINGS
 @given(step_tables(), st.randoms(use_true_random=False))
 def test_no_estimator_depends_on_row_order(table, rnd):

@@ -151,7 +151,9 @@ def gspo(
     s_it equals s_i in value and passes the sequence's gradient to each token; with an advantage
     constant over the sequence and ``seq-mean-token-mean`` aggregation it is exactly GSPO. Sequences
     are named by ``seq_ids`` (steps or trajectories, ``cfg.gspo_sequence``); without them each row of
-    the leading dimensions is a sequence.
+    the leading dimensions is a sequence. s_i is computed from the tokens of this call, so all tokens
+    of a sequence must be in the same call (micro-batch): true for steps, which are never split; for
+    trajectory sequences keep each trajectory's steps in one micro-batch.
     """
     live, log_ratio, adv = _inputs(logprobs, old_logprobs, advantages, mask)
     if seq_ids is None:

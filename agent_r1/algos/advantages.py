@@ -173,12 +173,10 @@ def grpo(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     sample std (as torch.std in TRL / verl). A group whose returns are all equal, including a group of
     one, gets exactly zero advantage.
     """
-    traj_N, step_N, num_traj, num_steps = _step_grid(table)
-    returns_TK = _returns_to_go(_to_grid(step_rewards(table), traj_N, step_N, num_traj, num_steps), cfg.gamma)
-    adv_T = _group_normalise(returns_TK[:, 0], _per_trajectory(table.group_index, traj_N, num_traj), cfg)
+    mc = _MonteCarlo(table, step_rewards(table), cfg.gamma)
+    adv_T = _group_normalise(mc.trajectory_returns, mc.trajectory_groups, cfg)
     return AdvantageOutput(
-        _broadcast(adv_T[traj_N], table.response_mask),
-        _broadcast(returns_TK[traj_N, step_N], table.response_mask),
+        _broadcast(adv_T[mc.traj_N], table.response_mask), _broadcast(mc.step_returns, table.response_mask)
     )
 
 
@@ -190,16 +188,13 @@ def rloo(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     (arXiv 2402.14740). Equals n/(n-1) * (G_0^i - group mean). A group of one has no baseline and
     gets zero advantage; so does a group whose returns are all equal.
     """
-    traj_N, step_N, num_traj, num_steps = _step_grid(table)
-    returns_TK = _returns_to_go(_to_grid(step_rewards(table), traj_N, step_N, num_traj, num_steps), cfg.gamma)
-    group_T = _per_trajectory(table.group_index, traj_N, num_traj)
-    stats = _GroupStats(returns_TK[:, 0], group_T)
+    mc = _MonteCarlo(table, step_rewards(table), cfg.gamma)
+    stats = _GroupStats(mc.trajectory_returns, mc.trajectory_groups)
     count_T = stats.count[stats.inverse]
-    adv_T = (returns_TK[:, 0] - stats.mean[stats.inverse]) * count_T / (count_T - 1).clamp(min=1)
+    adv_T = (mc.trajectory_returns - stats.mean[stats.inverse]) * count_T / (count_T - 1).clamp(min=1)
     adv_T = torch.where(stats.constant, torch.zeros_like(adv_T), adv_T)
     return AdvantageOutput(
-        _broadcast(adv_T[traj_N], table.response_mask),
-        _broadcast(returns_TK[traj_N, step_N], table.response_mask),
+        _broadcast(adv_T[mc.traj_N], table.response_mask), _broadcast(mc.step_returns, table.response_mask)
     )
 
 
@@ -225,10 +220,9 @@ def reinforce_pp_baseline(table: StepTable, cfg: AdvantageConfig) -> AdvantageOu
     total sum_k R_k, subtracted where the outcome reward is counted (the ``done`` step).
     """
     rewards_N = step_rewards(table)
-    traj_N, _, num_traj, _ = _step_grid(table)
-    total_T = torch.zeros(num_traj, dtype=rewards_N.dtype).index_add_(0, traj_N, rewards_N)
-    stats = _GroupStats(total_T, _per_trajectory(table.group_index, traj_N, num_traj))
-    baseline_N = stats.mean[stats.inverse][traj_N]
+    undiscounted = _MonteCarlo(table, rewards_N, gamma=1.0)
+    stats = _GroupStats(undiscounted.trajectory_returns, undiscounted.trajectory_groups)
+    baseline_N = stats.mean[stats.inverse][undiscounted.traj_N]
     return _reinforce_pp(table, cfg, rewards_N - table.done.to(rewards_N.dtype) * baseline_N)
 
 
@@ -244,14 +238,12 @@ def step_grpo(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     here stays 1.0). A state visited once (a singleton S), or a state whose returns are all equal,
     adds nothing. ``norm_by_std`` applies to both levels.
     """
-    traj_N, step_N, num_traj, num_steps = _step_grid(table)
-    returns_TK = _returns_to_go(_to_grid(step_rewards(table), traj_N, step_N, num_traj, num_steps), cfg.gamma)
-    episode_T = _group_normalise(returns_TK[:, 0], _per_trajectory(table.group_index, traj_N, num_traj), cfg)
-    returns_N = returns_TK[traj_N, step_N]
-    step_adv_N = _group_normalise(returns_N, table.state_index, cfg)
+    mc = _MonteCarlo(table, step_rewards(table), cfg.gamma)
+    episode_T = _group_normalise(mc.trajectory_returns, mc.trajectory_groups, cfg)
+    step_adv_N = _group_normalise(mc.step_returns, table.state_index, cfg)
     return AdvantageOutput(
-        _broadcast(episode_T[traj_N] + cfg.step_weight * step_adv_N, table.response_mask),
-        _broadcast(returns_N, table.response_mask),
+        _broadcast(episode_T[mc.traj_N] + cfg.step_weight * step_adv_N, table.response_mask),
+        _broadcast(mc.step_returns, table.response_mask),
     )
 
 
@@ -259,12 +251,21 @@ def step_grpo(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
 # Helpers
 
 
+class _MonteCarlo:
+    """Discounted returns of per-step rewards (N,): each step's return-to-go G_k (N,), each
+    trajectory's return G_0 (T,) and group (T,), and each row's trajectory rank (N,)."""
+
+    def __init__(self, table: StepTable, rewards_N: Tensor, gamma: float) -> None:
+        self.traj_N, step_N, num_traj, num_steps = _step_grid(table)
+        returns_TK = _returns_to_go(_to_grid(rewards_N, self.traj_N, step_N, num_traj, num_steps), gamma)
+        self.step_returns = returns_TK[self.traj_N, step_N]
+        self.trajectory_returns = returns_TK[:, 0]
+        self.trajectory_groups = table.group_index.new_zeros(num_traj)
+        self.trajectory_groups[self.traj_N] = table.group_index
+
+
 def _reinforce_pp(table: StepTable, cfg: AdvantageConfig, rewards_N: Tensor) -> AdvantageOutput:
-    traj_N, step_N, num_traj, num_steps = _step_grid(table)
-    returns_N = _returns_to_go(_to_grid(rewards_N, traj_N, step_N, num_traj, num_steps), cfg.gamma)[
-        traj_N, step_N
-    ]
-    returns_NL = _broadcast(returns_N, table.response_mask)
+    returns_NL = _broadcast(_MonteCarlo(table, rewards_N, cfg.gamma).step_returns, table.response_mask)
     mask_NL = table.response_mask > 0
     advantages_NL = torch.zeros_like(returns_NL)
     if mask_NL.any():
@@ -314,12 +315,6 @@ def _to_grid(values_N: Tensor, traj_N: Tensor, step_N: Tensor, num_traj: int, nu
     grid_TK = values_N.new_zeros(num_traj, num_steps)
     grid_TK[traj_N, step_N] = values_N
     return grid_TK
-
-
-def _per_trajectory(values_N: Tensor, traj_N: Tensor, num_traj: int) -> Tensor:
-    out_T = values_N.new_zeros(num_traj)
-    out_T[traj_N] = values_N
-    return out_T
 
 
 def _returns_to_go(rewards_TK: Tensor, gamma: float) -> Tensor:

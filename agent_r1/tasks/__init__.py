@@ -1,0 +1,59 @@
+"""Built-in tasks by name: a dataset generator, the tools, the prompt, the answer rule and the reward.
+
+``get_task("arithmetic")`` returns a ``TaskSpec``. Adding a task is one line in ``TASKS``: its name and
+a plain builder function ``() -> TaskSpec`` (given as ``"module:function"``, imported on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent_r1.types import Task
+
+__all__ = ["TASKS", "TaskSpec", "available_tasks", "get_task"]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything an environment and a trainer need to know about one task.
+
+    - ``make_dataset(n, *, split, seed)``: ``n`` rows of ``split`` (``"train"`` or ``"test"``); rows
+      hold ``id``, ``prompt`` (the opening chat messages) and ``answer``; the two splits are disjoint.
+    - ``tools()``: fresh ``agent_r1.tools.Tool`` objects for one environment.
+    - ``tool_format()``: the tool-call format (a name or a ``ToolCallFormat`` instance) for ``ToolEnv``.
+    - ``extract_answer(text)``: the final answer in a response, or None.
+    - ``reward(answer, task)``: the outcome reward of an answer.
+    - ``demonstrate(task, rng)``: the assistant responses of one demonstration, for a supervised warm
+      start (None when the task has no demonstrator).
+    - ``max_turns``: responses per episode that comfortably fit a correct solution.
+    """
+
+    name: str
+    make_dataset: Callable[..., list[dict[str, Any]]]
+    tools: Callable[[], Sequence[Any]]
+    tool_format: Callable[[], Any]
+    extract_answer: Callable[[str], str | None]
+    reward: Callable[[str, Task], float]
+    demonstrate: Callable[[Task, random.Random], list[str]] | None = None
+    max_turns: int = 4
+
+
+TASKS: dict[str, str] = {
+    "arithmetic": "agent_r1.tasks.arithmetic:build_task",
+}
+
+
+def available_tasks() -> list[str]:
+    return sorted(TASKS)
+
+
+def get_task(name: str) -> TaskSpec:
+    """The task registered as ``name``; an unknown name raises ValueError listing the known ones."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(available_tasks())}")
+    module_name, _, function_name = TASKS[name].partition(":")
+    return getattr(importlib.import_module(module_name), function_name)()

@@ -91,7 +91,7 @@ def packed_batches(draw):
     return loss, mask, steps, trajectories, draw(st.integers(1, rows))
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(packed_batches(), st.sampled_from(sorted(LOSS_AGGREGATIONS)), st.booleans())
 def test_micro_batch_losses_add_up_to_the_full_batch_loss(batch, mode, equal):
     loss, mask, steps, trajectories, cut = batch

@@ -151,6 +151,12 @@ def test_masked_tokens_never_receive_gradient(mask_bits, garbage, seed):
         assert (logprobs.grad[masked] == 0).all(), name
         assert (loss[masked] == 0).all(), name
         assert all(torch.isfinite(v) for v in metrics.values()), name
+    for kind in ("k1", "k2", "k3"):
+        logprobs = noisy().requires_grad_(True)
+        kl = kl_penalty(logprobs, noisy(), kind, mask=mask)
+        aggregate(kl, mask, "token-mean").backward()
+        assert torch.isfinite(logprobs.grad).all() and (logprobs.grad[masked] == 0).all(), kind
+        assert (kl[masked] == 0).all(), kind
     values = noisy().requires_grad_(True)
     value_loss, _ = clipped_value_loss(values, noisy(), noisy(), mask)
     value_loss.sum().backward()

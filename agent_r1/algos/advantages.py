@@ -287,7 +287,7 @@ def _step_grid(table: StepTable) -> tuple[Tensor, Tensor, int, int]:
     starts[1:] = traj_sorted[1:] != traj_sorted[:-1]
     rank_sorted = starts.cumsum(0) - 1
     first = torch.nonzero(starts).squeeze(-1)
-    step_sorted = torch.arange(len(order)) - first[rank_sorted]
+    step_sorted = torch.arange(len(order), device=order.device) - first[rank_sorted]
     traj_N = torch.empty_like(rank_sorted)
     step_N = torch.empty_like(step_sorted)
     traj_N[order] = rank_sorted
@@ -346,19 +346,13 @@ class _GroupStats:
     def __init__(self, values: Tensor, group_ids: Tensor) -> None:
         unique, self.inverse = torch.unique(group_ids, return_inverse=True)
         size = unique.numel()
-        self.count = torch.zeros(size, dtype=values.dtype).index_add_(
-            0, self.inverse, torch.ones_like(values)
-        )
-        self.mean = torch.zeros(size, dtype=values.dtype).index_add_(0, self.inverse, values) / self.count
+        self.count = values.new_zeros(size).index_add_(0, self.inverse, torch.ones_like(values))
+        self.mean = values.new_zeros(size).index_add_(0, self.inverse, values) / self.count
         squares = (values - self.mean[self.inverse]).pow(2)
-        variance = torch.zeros(size, dtype=values.dtype).index_add_(0, self.inverse, squares)
+        variance = values.new_zeros(size).index_add_(0, self.inverse, squares)
         self.std = (variance / (self.count - 1).clamp(min=1)).sqrt()
-        high = torch.full((size,), -torch.inf, dtype=values.dtype).scatter_reduce(
-            0, self.inverse, values, "amax"
-        )
-        low = torch.full((size,), torch.inf, dtype=values.dtype).scatter_reduce(
-            0, self.inverse, values, "amin"
-        )
+        high = values.new_full((size,), -torch.inf).scatter_reduce(0, self.inverse, values, "amax")
+        low = values.new_full((size,), torch.inf).scatter_reduce(0, self.inverse, values, "amin")
         self.constant = (high == low)[self.inverse]  # per element
 
 

@@ -11,7 +11,7 @@ joschu.net/blog/kl-approx.html):
 
 Two ways to use it (pick one; never both for the same beta):
 
-- **Loss term** (GRPO): ``loss = pg_loss + beta * aggregate(kl_penalty(logprobs, ref_logprobs, kind))``
+- **Loss term** (GRPO): ``loss = pg_loss + beta * aggregate(kl_penalty(logprobs, ref_logprobs, kind, mask=mask), ...)``
   with the learner's current ``logprobs``. On-policy, the gradient of the k2 term is the gradient of
   KL(pi || ref); the k3 term's gradient is that of KL(ref || pi); the k1 term has zero expected
   gradient — so use ``k3`` (GRPO) or ``k2``, not ``k1``, as a loss.
@@ -66,13 +66,24 @@ def k3(log_ratio: Tensor) -> Tensor:
     return torch.exp(-log_ratio) - 1.0 + log_ratio
 
 
-def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
-    """Per-token KL estimate of pi against the reference (same shape as the inputs)."""
-    if logprobs.shape != ref_logprobs.shape:
-        raise ValueError(
-            f"kl_penalty: logprobs have shape {tuple(logprobs.shape)}, ref_logprobs {tuple(ref_logprobs.shape)}"
-        )
-    return get_kl_estimator(kind)(logprobs - ref_logprobs.detach())
+def kl_penalty(
+    logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3", *, mask: Tensor | None = None
+) -> Tensor:
+    """Per-token KL estimate of pi against the reference (same shape as the inputs).
+
+    With ``mask``, tokens where it is 0 get exactly 0 and no gradient, whatever their log-probs hold.
+    """
+    for name, tensor in (("ref_logprobs", ref_logprobs), ("mask", mask)):
+        if tensor is not None and tensor.shape != logprobs.shape:
+            raise ValueError(
+                f"kl_penalty: {name} has shape {tuple(tensor.shape)}, logprobs have {tuple(logprobs.shape)}"
+            )
+    log_ratio = logprobs - ref_logprobs.detach()
+    if mask is None:
+        return get_kl_estimator(kind)(log_ratio)
+    live = mask > 0
+    kl = get_kl_estimator(kind)(torch.where(live, log_ratio, torch.zeros_like(log_ratio)))
+    return torch.where(live, kl, torch.zeros_like(kl))
 
 
 def kl_reward_penalty(table: StepTable, beta: float, kind: str = "k1") -> StepTable:
@@ -80,9 +91,7 @@ def kl_reward_penalty(table: StepTable, beta: float, kind: str = "k1") -> StepTa
     on every trained token; see the module docstring for where estimators credit it."""
     if table.ref_logprobs is None:
         raise ValueError("kl_reward_penalty needs StepTable.ref_logprobs (the reference policy's log-probs)")
-    mask = table.response_mask > 0
-    kl_NL = kl_penalty(table.old_logprobs, table.ref_logprobs, kind)
-    penalty_NL = torch.where(mask, -beta * kl_NL, torch.zeros_like(kl_NL))
+    penalty_NL = -beta * kl_penalty(table.old_logprobs, table.ref_logprobs, kind, mask=table.response_mask)
     if table.token_rewards is not None:
         penalty_NL = table.token_rewards + penalty_NL
     return replace(table, token_rewards=penalty_NL)

@@ -44,6 +44,11 @@ class TaskSpec:
 
 TASKS: dict[str, str] = {
     "arithmetic": "agent_r1.tasks.arithmetic:build_task",
+    "reasoning_gym": "agent_r1.tasks.reasoning_gym:build_task",
+    "gsm_symbolic": "agent_r1.tasks.reasoning_gym:gsm_symbolic",
+    "basic_arithmetic": "agent_r1.tasks.reasoning_gym:basic_arithmetic",
+    "multihop_qa": "agent_r1.tasks.multihop_qa:build_task",
+    "code": "agent_r1.tasks.code:build_task",
 }
 
 

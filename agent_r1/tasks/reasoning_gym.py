@@ -82,7 +82,7 @@ def _generate(name: str, n: int, split: str, seed: int, config: Mapping[str, Any
 
 
 def make_dataset(
-    n: int,
+    n: int | None,
     *,
     split: str = "train",
     seed: int = 0,
@@ -94,6 +94,10 @@ def make_dataset(
     ``config`` maps a dataset name to keyword arguments of its generator (e.g. difficulty settings).
     Rows hold ``id``, ``prompt`` (system + user messages), ``answer`` and ``source`` (the dataset).
     """
+    if n is None or n < 1:
+        raise ValueError(
+            f"reasoning_gym make_dataset: problems are generated, give a positive count, got {n!r}"
+        )
     if split not in ("train", "test"):
         raise ValueError(f"reasoning_gym make_dataset: split must be 'train' or 'test', got {split!r}")
     if not datasets:

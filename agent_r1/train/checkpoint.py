@@ -11,8 +11,8 @@ A checkpoint is written under ``.tmp-step_000010`` and renamed into place once c
 killed mid-write leaves either the previous checkpoint set or the new one, never a half-written
 checkpoint that resume would load. Only the last ``keep`` checkpoints are kept.
 
-``AGENT_R1_CHECKPOINT_WRITE_DELAY`` (seconds, for tests only) sleeps halfway through a write so that a
-test can kill the process while a checkpoint is being written.
+``AGENT_R1_CHECKPOINT_WRITE_DELAY="STEP:SECONDS"`` (for tests only) sleeps halfway through the write of
+checkpoint STEP so that a test can kill the process while that checkpoint is being written.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def save_checkpoint(
     model.save_pretrained(tmp / "model")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
-    delay = float(os.environ.get(WRITE_DELAY_ENV, "0") or 0)
-    if delay:
-        time.sleep(delay)
+    delay_step, _, delay_s = os.environ.get(WRITE_DELAY_ENV, "").partition(":")
+    if delay_step and int(delay_step) == step:
+        time.sleep(float(delay_s))
     torch.save(learner_state, tmp / "learner.pt")
     torch.save({**trainer_state, "step": step}, tmp / "trainer_state.pt")
     (tmp / "info.json").write_text(json.dumps({"step": step, "lora": _is_peft(model)}))

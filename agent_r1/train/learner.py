@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ __all__ = [
     "micro_batch_logprobs",
     "lr_lambda",
 ]
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -205,6 +208,7 @@ class Learner:
         finally:
             self.model.eval()
         grad_norm = float("nan")
+        finite_loss = finite
         if finite:
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.trainable_parameters, self.config.max_grad_norm)
@@ -213,11 +217,17 @@ class Learner:
         lr = self.scheduler.get_last_lr()[0]
         if finite:
             self.optimizer.step()
+            self.scheduler.step()
             self.optimizer_steps += 1
         else:
             self.skipped_updates += 1
+            logger.warning(
+                "skipped a non-finite update (loss %s, grad norm %s); %d skipped so far",
+                total_loss if finite_loss else "non-finite",
+                grad_norm,
+                self.skipped_updates,
+            )
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         metrics = {
             "loss/policy": total_loss if finite else float("nan"),
             "grad_norm": grad_norm,

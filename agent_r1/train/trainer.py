@@ -212,16 +212,14 @@ class Trainer:
             model = load_policy(config.model)
         self.model = model
 
-        self.train_tasks = self._tasks(train_tasks, config.data.train, config.data.split, "data.train")
+        self.train_tasks = None
+        if train_tasks is not None or config.data.train:
+            self.train_tasks = self._tasks(train_tasks, config.data.train, config.data.split, "data.train")
         self.val_tasks = None
         if val_tasks is not None or config.data.val:
             self.val_tasks = self._tasks(val_tasks, config.data.val, config.data.val_split, "data.val")
             if config.data.max_val_tasks:
                 self.val_tasks = self.val_tasks[: config.data.max_val_tasks]
-        self.sampler = TaskSampler(
-            self.train_tasks, trainer.tasks_per_step, seed=trainer.seed, shuffle=config.data.shuffle
-        )
-
         self.sampling = SamplingParams(
             temperature=rollout.temperature,
             top_p=rollout.top_p,
@@ -354,6 +352,11 @@ class Trainer:
         """Train for ``trainer.steps`` steps (continuing from a checkpoint with ``resume``); returns the
         last step's metrics (and the last evaluation's)."""
         cfg = self.config.trainer
+        if not self.train_tasks:
+            raise ConfigError("data.train", "no training tasks: set data.train (or pass train_tasks=)")
+        self.sampler = TaskSampler(
+            self.train_tasks, cfg.tasks_per_step, seed=cfg.seed, shuffle=self.config.data.shuffle
+        )
         start = self._restore() if self.resume else 0
         self.run_dir = RunDir(cfg.run_dir, self.config, resume_step=start if self.resume else None)
         last: dict[str, float] = {}

@@ -1,0 +1,42 @@
+"""``agent-r1 eval CONFIG [key=value ...] [--checkpoint DIR]``: mean reward and success on data.val."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "Evaluate a policy on the config's validation tasks: agent-r1 eval CONFIG.yaml [--checkpoint DIR]"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML config file (the same one used for training)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a checkpoint folder (RUN_DIR/checkpoints/step_N) whose policy to evaluate; "
+        "default: model.path as configured",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent_r1.train.config import ConfigError, load_config
+    from agent_r1.train.data import DataError
+
+    try:
+        config = load_config(args.config, list(args.overrides))
+        from agent_r1.train.trainer import evaluate
+
+        model = None
+        if args.checkpoint:
+            from agent_r1.train.checkpoint import load_checkpoint
+            from agent_r1.train.learner import load_policy
+
+            model = load_policy(config.model)
+            load_checkpoint(args.checkpoint, model)
+        metrics = evaluate(config, model=model)
+    except (ConfigError, DataError, FileNotFoundError) as e:
+        print(f"agent-r1 eval: {e}")
+        return 2
+    print(json.dumps(metrics))
+    return 0

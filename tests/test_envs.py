@@ -361,3 +361,15 @@ def test_tool_env_with_each_history_policy(tiny_tokenizer, context, kwargs):
     expected = encode_text(tiny_tokenizer, render_messages(tiny_tokenizer, env.messages, tools=tools))
     assert list(results[-1].observation.token_ids) == expected
     assert len(expected) <= 1200 or context == "rerender"
+
+
+def test_envs_and_flows_are_exported_at_the_top_level():
+    import agent_r1
+    import agent_r1.envs
+    import agent_r1.flows
+
+    assert agent_r1.ToolEnv is ToolEnv and agent_r1.check_env is check_env
+    assert agent_r1.AgentEnvLoop is agent_r1.flows.AgentEnvLoop
+    assert all(getattr(agent_r1, name) is not None for name in agent_r1.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        _ = agent_r1.Nope

@@ -22,7 +22,13 @@ from agent_r1.algos.aggregation import (
     register_aggregation,
 )
 from agent_r1.algos.entropy import entropy_from_logits
-from agent_r1.algos.kl import KL_ESTIMATORS, get_kl_estimator, kl_penalty, kl_reward_penalty
+from agent_r1.algos.kl import (
+    KL_ESTIMATORS,
+    get_kl_estimator,
+    kl_penalty,
+    kl_reward_penalty,
+    register_kl_estimator,
+)
 from agent_r1.algos.policy_losses import (
     POLICY_LOSSES,
     PolicyLossConfig,
@@ -55,6 +61,7 @@ __all__ = [
     "microbatch_weights",
     "register_advantage",
     "register_aggregation",
+    "register_kl_estimator",
     "register_policy_loss",
     "step_rewards",
 ]

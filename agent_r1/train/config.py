@@ -28,6 +28,7 @@ __all__ = [
     "AlgorithmConfig",
     "ConfigError",
     "DataConfig",
+    "DistributedConfig",
     "EnvConfig",
     "LoggingConfig",
     "LoraConfig",
@@ -248,6 +249,43 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    backend: Literal["none", "ray"] = _opt(
+        "none", "'none' trains in this process; 'ray' places rollout actors and learner workers on Ray."
+    )
+    address: str | None = _opt(
+        None, "Ray cluster address ('auto' joins a running cluster); None starts a local one."
+    )
+    num_rollout_actors: int = _opt(2, "Rollout engine actors (each holds one engine).", _positive)
+    num_learner_workers: int = _opt(1, "torch.distributed learner workers (data parallel).", _positive)
+    engine: Literal["hf", "vllm"] = _opt("hf", "Rollout engine inside each actor.")
+    engine_kwargs: dict[str, Any] = _opt({}, "Extra keyword arguments for the engine (e.g. vLLM's).")
+    mode: Literal["sync", "async"] = _opt(
+        "sync",
+        "'sync': roll out, then update (on-policy). 'async': the rollout of step k+1 overlaps the "
+        "update of step k.",
+    )
+    max_staleness: int = _opt(
+        1,
+        "Async mode: the most policy versions a trained trajectory may lag the learner; engine "
+        "weights are refreshed whenever the next rollout would exceed it.",
+        _positive,
+    )
+    torch_backend: Literal["gloo", "nccl"] = _opt(
+        "gloo", "torch.distributed backend of the learner group (gloo on CPU, nccl on GPUs)."
+    )
+    rollout_num_cpus: float = _opt(0.0, "Ray CPUs reserved per rollout actor.", _non_negative)
+    rollout_num_gpus: float = _opt(0.0, "Ray GPUs reserved per rollout actor.", _non_negative)
+    learner_num_cpus: float = _opt(0.0, "Ray CPUs reserved per learner worker.", _non_negative)
+    learner_num_gpus: float = _opt(0.0, "Ray GPUs reserved per learner worker.", _non_negative)
+    max_actor_restarts: int = _opt(
+        3,
+        "Rollout actor deaths tolerated per step (each restarts the actor and re-queues its work).",
+        _non_negative,
+    )
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = _opt(ModelConfig(), "The policy model.")
     data: DataConfig = _opt(DataConfig(), "Training and validation tasks.")
@@ -256,6 +294,7 @@ class TrainConfig:
     algorithm: AlgorithmConfig = _opt(AlgorithmConfig(), "Advantages, losses, KL.")
     trainer: TrainerConfig = _opt(TrainerConfig(), "Optimisation and run bookkeeping.")
     logging: LoggingConfig = _opt(LoggingConfig(), "Progress, TensorBoard, W&B, dumps.")
+    distributed: DistributedConfig = _opt(DistributedConfig(), "Scale-out on Ray (docs/distributed.md).")
 
 
 # --- building and validating -------------------------------------------------------------------
@@ -367,6 +406,13 @@ def _check_cross_field(config: TrainConfig) -> None:
         raise ConfigError(
             "trainer.mini_batches",
             f"{config.trainer.mini_batches} mini-batches cannot split {batch} trajectories per step",
+        )
+    dist, algo = config.distributed, config.algorithm
+    if dist.mode == "async" and algo.old_logprobs == "learner" and algo.tis_cap is None:
+        raise ConfigError(
+            "distributed.mode",
+            "async rollouts are sampled by an older policy: correct for it with algorithm.tis_cap "
+            "(importance weights against the sampler) or algorithm.old_logprobs: sampler",
         )
     _check_registered_names(config)
 

@@ -1,4 +1,5 @@
-"""Context policies on the real tiny tokenizer (byte-level, Qwen2.5's ChatML-with-tools template)."""
+"""Context policies on real tokenizers with Qwen2.5's ChatML-with-tools template: the tiny byte-level
+tokenizer, and a byte-level BPE with merges trained here on ChatML conversations."""
 
 import asyncio
 import json
@@ -69,25 +70,94 @@ def run_append_episode(tokenizer, responses, *, eos=True):
     return prompts, messages
 
 
-@pytest.mark.parametrize("eos", [True, False], ids=["stopped_on_eos", "cut_by_length"])
-def test_append_equals_tokenising_the_whole_rendering(tiny_tokenizer, eos):
-    turns = [
-        (call_text("cat", "dog"), tool_messages("cat", "dog")),
-        (call_text("bird"), tool_messages("bird")),
-        ("Thanks, and a follow-up?", [{"role": "user", "content": "Yes: what is a fish?"}]),
-        (call_text("fish", "cat", "dog"), tool_messages("fish", "cat", "dog")),
+TURNS = [
+    (call_text("cat", "dog"), tool_messages("cat", "dog")),
+    (call_text("bird"), tool_messages("bird")),
+    ("Thanks, and a follow-up?", [{"role": "user", "content": "Yes: what is a fish?"}]),
+    (call_text("fish", "cat", "dog"), tool_messages("fish", "cat", "dog")),
+]
+
+
+# A response that starts with whitespace, right after the generation prompt's "assistant\n".
+WHITESPACE_FIRST = [("\n\n Thanks.", [{"role": "user", "content": "And?"}])]
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer():
+    """A byte-level BPE (GPT-2 pre-tokeniser, ~230 learned merges) with the ChatML specials and template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from agent_r1.models.chat_templates import QWEN25_CHATML_TOOLS
+    from agent_r1.models.tiny import SPECIAL_TOKENS, build_tiny_tokenizer
+
+    corpus = [
+        render_messages(
+            build_tiny_tokenizer(), run_append_episode(build_tiny_tokenizer(), turns)[1], tools=TOOLS
+        )
+        for turns in (TURNS, WHITESPACE_FIRST)
     ]
-    prompts, messages = run_append_episode(tiny_tokenizer, turns, eos=eos)
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = QWEN25_CHATML_TOOLS
+    return tokenizer
+
+
+@pytest.fixture(params=["tiny_byte_level", "trained_bpe"])
+def tokenizer(request):
+    name = "tiny_tokenizer" if request.param == "tiny_byte_level" else "bpe_tokenizer"
+    return request.getfixturevalue(name)
+
+
+def test_the_trained_bpe_really_merges(bpe_tokenizer):
+    text = render_messages(bpe_tokenizer, [SYSTEM, USER], tools=TOOLS)
+    assert len(bpe_tokenizer.encode(text, add_special_tokens=False)) < len(text.encode()) / 3
+
+
+@pytest.mark.parametrize("eos", [True, False], ids=["stopped_on_eos", "cut_by_length"])
+def test_append_equals_tokenising_the_whole_rendering(tokenizer, eos):
+    turns = TURNS
+    prompts, messages = run_append_episode(tokenizer, turns, eos=eos)
     assert len(prompts) == 5
     # Each prompt equals tokenising the template's rendering of the whole conversation so far.
-    assert list(prompts[-1]) == full_ids(tiny_tokenizer, messages)
-    text = tiny_tokenizer.decode(list(prompts[-1]), skip_special_tokens=False)
+    assert list(prompts[-1]) == full_ids(tokenizer, messages)
+    text = tokenizer.decode(list(prompts[-1]), skip_special_tokens=False)
     assert (
         text.count("<tool_response>") == 6 and "# Tools" in text and text.endswith("<|im_start|>assistant\n")
     )
     for n_turns in range(1, 4):
-        _, partial = run_append_episode(tiny_tokenizer, turns[:n_turns], eos=eos)
-        assert list(prompts[n_turns]) == full_ids(tiny_tokenizer, partial)
+        _, partial = run_append_episode(tokenizer, turns[:n_turns], eos=eos)
+        assert list(prompts[n_turns]) == full_ids(tokenizer, partial)
+
+
+def test_append_with_bpe_where_full_tokenisation_merges_across_the_response_boundary(
+    bpe_tokenizer, tiny_tokenizer
+):
+    # The documented exception: BPE merges the header's "\n" with a response's leading "\n\n" into
+    # one token when the whole text is tokenised; the model, which sampled after the header's "\n"
+    # token, never saw that merge, so append keeps what it saw. Same text, one token more.
+    prompts, messages = run_append_episode(bpe_tokenizer, WHITESPACE_FIRST)
+    assert bpe_tokenizer.decode(list(prompts[-1])) == render_messages(bpe_tokenizer, messages, tools=TOOLS)
+    full = full_ids(bpe_tokenizer, messages)
+    assert list(prompts[-1]) != full and len(prompts[-1]) == len(full) + 1
+    # Byte-level without merges has no such boundary: equal.
+    prompts, messages = run_append_episode(tiny_tokenizer, WHITESPACE_FIRST)
+    assert list(prompts[-1]) == full_ids(tiny_tokenizer, messages)
 
 
 def test_append_keeps_the_sampled_ids_even_when_they_are_not_canonical(tiny_tokenizer):
@@ -135,10 +205,10 @@ def test_append_refuses_a_template_that_rewrites_history(tiny_checkpoint):
     assert "hmm" not in tokenizer.decode(list(rendered.token_ids))
 
 
-def test_rerender_applies_the_template_to_all_messages(tiny_tokenizer):
+def test_rerender_applies_the_template_to_all_messages(tokenizer):
     messages = [SYSTEM, USER, {"role": "assistant", "content": call_text("cat")}, *tool_messages("cat")]
-    prompt = build(get_context_policy("rerender"), tiny_tokenizer, messages)
-    assert list(prompt.token_ids) == full_ids(tiny_tokenizer, messages)
+    prompt = build(get_context_policy("rerender"), tokenizer, messages)
+    assert list(prompt.token_ids) == full_ids(tokenizer, messages)
     assert prompt.info == {"policy": "rerender", "dropped_turns": 0, "summarised": False}
 
 
@@ -155,32 +225,32 @@ def test_split_turns_groups_each_assistant_message_with_what_follows():
     assert [len(t) for t in turns] == [2, 2, 2] and all(t[0]["role"] == "assistant" for t in turns)
 
 
-def test_sliding_window_keeps_system_task_and_last_k_turns(tiny_tokenizer):
+def test_sliding_window_keeps_system_task_and_last_k_turns(tokenizer):
     messages = conversation(5)
-    prompt = build(get_context_policy("sliding_window", k=2), tiny_tokenizer, messages)
+    prompt = build(get_context_policy("sliding_window", k=2), tokenizer, messages)
     assert list(prompt.messages) == [SYSTEM, USER, *messages[-4:]]
-    assert list(prompt.token_ids) == full_ids(tiny_tokenizer, prompt.messages)
+    assert list(prompt.token_ids) == full_ids(tokenizer, prompt.messages)
     assert prompt.info == {"policy": "sliding_window", "dropped_turns": 3, "summarised": False}
-    text = tiny_tokenizer.decode(list(prompt.token_ids))
+    text = tokenizer.decode(list(prompt.token_ids))
     assert "w2" not in text and "w3" in text and "w4" in text and "'cat' and 'dog'" in text
-    short = build(get_context_policy("sliding_window", k=8), tiny_tokenizer, messages)
+    short = build(get_context_policy("sliding_window", k=8), tokenizer, messages)
     assert short.info["dropped_turns"] == 0 and list(short.messages) == messages
 
 
-def test_token_budget_drops_the_fewest_oldest_turns_that_fit(tiny_tokenizer):
+def test_token_budget_drops_the_fewest_oldest_turns_that_fit(tokenizer):
     messages = conversation(6)
-    sizes = [len(full_ids(tiny_tokenizer, [SYSTEM, USER, *messages[2 + 2 * d :]])) for d in range(6)]
+    sizes = [len(full_ids(tokenizer, [SYSTEM, USER, *messages[2 + 2 * d :]])) for d in range(6)]
     budget = (sizes[2] + sizes[3]) // 2  # fits after dropping 3 turns, not after 2
-    prompt = build(get_context_policy("token_budget", max_tokens=budget), tiny_tokenizer, messages)
+    prompt = build(get_context_policy("token_budget", max_tokens=budget), tokenizer, messages)
     assert prompt.info["dropped_turns"] == 3
     assert len(prompt.token_ids) == sizes[3] <= budget
     assert list(prompt.messages) == [SYSTEM, USER, *messages[8:]]
     # Over budget even with one turn left: the newest turn is kept and the prompt returned as is.
-    tiny = build(get_context_policy("token_budget", max_tokens=5), tiny_tokenizer, messages)
+    tiny = build(get_context_policy("token_budget", max_tokens=5), tokenizer, messages)
     assert tiny.info["dropped_turns"] == 5 and list(tiny.messages) == [SYSTEM, USER, *messages[-2:]]
 
 
-def test_summarize_replaces_older_turns_and_rolls_the_summary_forward(tiny_tokenizer):
+def test_summarize_replaces_older_turns_and_rolls_the_summary_forward(tokenizer):
     seen = []
 
     def summarizer(msgs):
@@ -188,19 +258,19 @@ def test_summarize_replaces_older_turns_and_rolls_the_summary_forward(tiny_token
         return f"{len(msgs)} messages about words"
 
     policy = get_context_policy("summarize", summarizer=summarizer, keep_last=1, max_turns=2)
-    untouched = build(policy, tiny_tokenizer, conversation(2))
+    untouched = build(policy, tokenizer, conversation(2))
     assert not seen and untouched.info["summarised"] is False
 
-    first = build(policy, tiny_tokenizer, conversation(3))
+    first = build(policy, tokenizer, conversation(3))
     assert first.info == {"policy": "summarize", "dropped_turns": 2, "summarised": True}
     head, summary, turns = split_turns(first.messages)
     assert head == [SYSTEM, USER] and summary[SUMMARY_KEY] == 2 and len(turns) == 1
     assert seen[0] == conversation(3)[2:6]
-    assert list(first.token_ids) == full_ids(tiny_tokenizer, first.messages)
-    assert "4 messages about words" in tiny_tokenizer.decode(list(first.token_ids))
+    assert list(first.token_ids) == full_ids(tokenizer, first.messages)
+    assert "4 messages about words" in tokenizer.decode(list(first.token_ids))
 
     grown = [*first.messages, *conversation(5)[-4:]]  # two more turns arrive
-    second = build(policy, tiny_tokenizer, grown)
+    second = build(policy, tokenizer, grown)
     assert seen[1][0] is not None and seen[1][0]["content"] == summary["content"]
     assert split_turns(second.messages)[1][SUMMARY_KEY] == 4
 

@@ -44,12 +44,26 @@ def _answer(n: int) -> str:
     return f"The sum is <answer>{n}</answer>"
 
 
-def _trajectory(tokenizer, rng, task_id, group_id, question, turns, *, outcome, success, window=None, **kw):
+def _trajectory(
+    tokenizer,
+    rng,
+    task_id,
+    group_id,
+    question,
+    turns,
+    *,
+    outcome,
+    success,
+    window=None,
+    viewer_info=True,
+    **kw,
+):
     """A trajectory whose prompts are built the way an "append" context policy builds them (each prompt
     = previous prompt + response + tool turn + generation prompt), except that from turn index
     ``window`` on a sliding window keeps only the system, user and last turn (the context is rewritten).
 
     ``turns``: (response text, tool calls, tool results, tool errors, step reward) per step.
+    ``viewer_info=False`` leaves out the Step.info keys that only the viewer needs (it must cope).
     """
     head = _turn("system", SYSTEM) + _turn("user", question)
     history: list[str] = []  # one string per finished turn: assistant response + tool turn
@@ -81,6 +95,8 @@ def _trajectory(tokenizer, rng, task_id, group_id, question, turns, *, outcome, 
         }
         if context_note:
             info["context"] = context_note
+        if not viewer_info:
+            info = {k: v for k, v in info.items() if k not in ("prompt_text", "response_tokens", "advantage")}
         last = i == len(turns) - 1
         steps.append(
             Step(
@@ -166,6 +182,7 @@ def _group(tokenizer, rng, task_number: int, train_step: int) -> list[Trajectory
             outcome=0.0,
             success=None,
             status=TrajectoryStatus.ERROR,
+            viewer_info=False,
             error="Traceback (most recent call last):\n  ...\nTimeoutError: tool add timed out after 30 s",
         ),
     ]
@@ -276,6 +293,13 @@ def test_bad_metrics_lines_are_named_but_a_half_written_last_line_is_skipped(tmp
         read_metrics(path)
     with pytest.raises(FileNotFoundError, match="nowhere"):
         load_run(tmp_path / "nowhere")
+    path.write_text('{"step": 1}\n')
+    (tmp_path / "trajectories").mkdir()
+    (tmp_path / "trajectories" / "step_000003.jsonl").write_text('{"type": "Trajectory", "steps": []}\n')
+    with pytest.raises(
+        ValueError, match=r"cannot read trajectory dump .*step_000003.jsonl, record 1: .*task_id"
+    ):
+        load_run(tmp_path)
 
 
 def test_extension_prompt_shares_exactly_the_common_prefix():
@@ -313,6 +337,9 @@ def test_trajectory_views_show_context_changes_tools_tokens_and_outcomes(run_dir
     assert solved["tags"] == ["success"] and failed["tags"] == ["failure"]
     assert truncated["tags"] == ["failure", "truncated"] and errored["tags"] == ["error"]
     assert "TimeoutError" in errored["error"]
+    bare = errored["steps"][0]  # dumped without the viewer's Step.info keys
+    assert bare["prompt"] is None and bare["tokens"] is None and bare["advantage"] is None
+    assert bare["min_logprob"] < -2.5 and bare["response"].startswith("<tool_call>")
     assert [s["context"] for s in solved["steps"]] == ["initial", "extends", "extends"]
     assert [s["context"] for s in rewritten["steps"]] == ["initial", "extends", "extends", "rewritten"]
     step = rewritten["steps"][3]
@@ -499,6 +526,12 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
             page.fill("#threshold", "0.001")
             page.dispatch_event("#threshold", "change")
             assert page.locator("#detail .tok.low").count() < low
+
+            # A trajectory dumped without the viewer's extra keys still shows what it has.
+            page.locator(".traj-item").nth(4).click()
+            assert "TimeoutError" in page.locator("#detail .traj-head .error-text").inner_text()
+            assert page.locator("#detail", has_text="prompt text not dumped").count() == 1
+            assert page.locator("#detail", has_text="per-token text not dumped").count() == 1
 
             # Filter by outcome.
             page.select_option("#filter-outcome", "failure")

@@ -14,13 +14,13 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from agent_r1.types import Step, Trajectory, TrajectoryStatus, read_jsonl
+from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus, read_jsonl
 
 __all__ = [
     "ContextChange",
@@ -328,28 +328,28 @@ def trajectory_view(trajectory: Trajectory, train_step: int, index: int) -> dict
     }
 
 
-def _read_trajectories(path: Path) -> Iterable[Trajectory]:
+def _read_trajectories(path: Path) -> Iterator[Trajectory]:
+    """The trajectories of one dump (Trajectory records, or the members of TrajectoryGroup records)."""
+    records_read = 0
     try:
         for record in read_jsonl(path):
+            records_read += 1
             if isinstance(record, Trajectory):
                 yield record
-            elif hasattr(record, "trajectories"):  # a TrajectoryGroup dump
+            elif isinstance(record, TrajectoryGroup):
                 yield from record.trajectories
     except (ValueError, TypeError, KeyError) as e:
-        raise ValueError(f"cannot read trajectory dump {path}: {e}") from e
+        raise ValueError(f"cannot read trajectory dump {path}, record {records_read + 1}: {e}") from e
 
 
-def _take_whole_groups(trajectories: list[Trajectory], limit: int) -> list[Trajectory]:
-    """The first ``limit`` trajectories, rounded up to whole groups so that groups stay comparable."""
-    if len(trajectories) <= limit:
-        return trajectories
-    taken = trajectories[:limit]
-    last_group = taken[-1].group_id
-    if last_group:
-        for t in trajectories[limit:]:
-            if t.group_id != last_group:
-                break
-            taken.append(t)
+def _first_whole_groups(trajectories: Iterable[Trajectory], limit: int) -> list[Trajectory]:
+    """The first ``limit`` trajectories (0: all), rounded up to whole groups so that groups stay
+    comparable; reading stops there, so a huge dump costs only what is embedded."""
+    taken: list[Trajectory] = []
+    for t in trajectories:
+        if limit and len(taken) >= limit and (not t.group_id or t.group_id != taken[-1].group_id):
+            break
+        taken.append(t)
     return taken
 
 
@@ -368,9 +368,7 @@ def load_run(run_dir: str | Path, *, last_steps: int = 5, per_step: int = 32) ->
     chosen = list(files)[-last_steps:] if last_steps else list(files)
     trajectories = []
     for train_step in chosen:
-        loaded = list(_read_trajectories(files[train_step]))
-        if per_step:
-            loaded = _take_whole_groups(loaded, per_step)
+        loaded = _first_whole_groups(_read_trajectories(files[train_step]), per_step)
         trajectories += [trajectory_view(t, train_step, i) for i, t in enumerate(loaded)]
     return RunData(
         run_dir=run_dir,

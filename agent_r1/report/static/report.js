@@ -208,10 +208,11 @@
     }
     const dropped = step.prompt.filter(([k]) => k === "drop").reduce((n, [, s]) => n + s.length, 0);
     const note = step.context_note || {};
-    const facts = [`context rewritten${note.policy ? ` by policy "${note.policy}"` : ""}`];
-    if (note.dropped_turns !== undefined) facts.push(`${note.dropped_turns} turn(s) dropped`);
+    const by = note.policy ? ` by policy "${note.policy}"` : "";
+    const facts = [dropped ? `context rewritten${by}` : `context re-rendered${by}: not a token-level extension of the previous prompt + response, nothing dropped`];
+    if (note.dropped_turns) facts.push(`${note.dropped_turns} turn(s) dropped`);
     if (note.summarised) facts.push("history summarised");
-    facts.push(`${dropped} chars of the previous prompt + response not shown to the model`);
+    if (dropped) facts.push(`${dropped} chars of the previous prompt + response no longer shown to the model`);
     const body = el("pre", { class: "box prompt-diff" },
       step.prompt.map(([kind, text]) => el("span", { class: kind === "same" ? "seg-same" : `seg-${kind}`, text: text })));
     return el("div", {}, label, el("div", { class: "rewritten", text: facts.join(" · ") }), body);
@@ -261,7 +262,7 @@
       t.group_id ? el("span", { text: `group ${t.group_id} (${group.length} members)` }) : null,
       Object.keys(t.info).length ? el("span", { text: `info ${JSON.stringify(t.info)}` }) : null);
     const head = el("div", { class: "traj-head" }, el("h3", { text: `Task ${t.task_id}` }), facts,
-      t.error ? el("pre", { class: "error", text: t.error }) : null,
+      t.error ? el("pre", { class: "error-text", text: t.error }) : null,
       group.length > 1 ? el("button", { class: "action compare-btn", onclick: () => { state.compare = true; renderDetail(); },
         text: `Compare the ${group.length} members of this group side by side` }) : null);
     return el("div", {}, head, t.steps.map((step, i) => renderStep(t, step, i)));

@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+from doubles import ScriptedEngine
 
 from agent_r1.envs import (
     AgentEnv,
@@ -12,6 +13,7 @@ from agent_r1.envs import (
     ToolEnv,
     available_envs,
     check_env,
+    get_env_factory,
     make_env,
     register_env,
 )
@@ -63,6 +65,7 @@ def test_make_env_by_name_by_lazy_registration_and_by_entry_point(tmp_path, monk
     assert make_env("my_envs:Echo").word == "hi"
     with pytest.raises(TypeError, match="not an agent_r1 AgentEnv"):
         make_env("my_envs:NOT_AN_ENV")
+    assert get_env_factory("echo-lazy").__name__ == "Echo"  # imported, e.g. to inspect its signature
 
 
 def test_registry_errors_name_what_is_wrong():
@@ -307,6 +310,11 @@ def test_tool_env_custom_answer_extraction_and_scorer(tiny_tokenizer):
 def test_tool_env_passes_check_env(tiny_tokenizer):
     actions = [call("lookup", word="dog"), "dog"]
     check_env(lambda: make_tool_env(tiny_tokenizer), TASK, actions=actions, tokenizer=tiny_tokenizer)
+    engine = ScriptedEngine(tiny_tokenizer, actions)  # actions from an engine, prompts rendered as flows do
+    check_env(lambda: make_tool_env(tiny_tokenizer), TASK, engine=engine, tokenizer=tiny_tokenizer)
+    assert len(engine.calls) == 2 and "dog" in tiny_tokenizer.decode(engine.calls[1][0])
+    with pytest.raises(ValueError, match="an engine needs the tokenizer"):
+        check_env(CountdownEnv, {}, engine=engine)
     check_env(
         lambda: make_env("tool", tokenizer=tiny_tokenizer, tools=[lookup]), TASK, tokenizer=tiny_tokenizer
     )

@@ -14,7 +14,7 @@ from agent_r1.envs.context import (
     get_context_policy,
     register_context_policy,
 )
-from agent_r1.envs.registry import available_envs, make_env, register_env
+from agent_r1.envs.registry import available_envs, get_env_factory, make_env, register_env
 from agent_r1.envs.tool_env import ToolEnv, exact_match
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "check_env",
     "exact_match",
     "get_context_policy",
+    "get_env_factory",
     "make_env",
     "register_context_policy",
     "register_env",

@@ -13,7 +13,7 @@ from typing import Any
 
 from agent_r1.envs.base import AgentEnv
 
-__all__ = ["available_envs", "load_entry_point", "make_env", "register_env"]
+__all__ = ["available_envs", "get_env_factory", "load_entry_point", "make_env", "register_env"]
 
 EnvFactory = Callable[..., AgentEnv]
 
@@ -41,11 +41,9 @@ def available_envs() -> list[str]:
     return sorted(_ENVS)
 
 
-def make_env(name_or_entry_point: str, **kwargs: Any) -> AgentEnv:
-    """A new env: a registered name, or any ``"package.module:Attribute"`` entry point.
-
-    Unknown names raise ``ValueError`` listing the registered envs.
-    """
+def get_env_factory(name_or_entry_point: str) -> EnvFactory:
+    """The factory behind a registered name or an entry point, imported if lazy (e.g. to inspect its
+    signature). Unknown names raise ``ValueError`` listing the registered envs."""
     factory = _ENVS.get(name_or_entry_point)
     if factory is None:
         if ":" not in name_or_entry_point:
@@ -56,7 +54,19 @@ def make_env(name_or_entry_point: str, **kwargs: Any) -> AgentEnv:
         factory = name_or_entry_point
     if isinstance(factory, str):
         factory = load_entry_point(factory)
-    env = factory(**kwargs)
+        if not callable(factory):
+            raise TypeError(
+                f"entry point {name_or_entry_point!r} is a {type(factory).__name__}, not callable"
+            )
+    return factory
+
+
+def make_env(name_or_entry_point: str, **kwargs: Any) -> AgentEnv:
+    """A new env: a registered name, or any ``"package.module:Attribute"`` entry point.
+
+    Unknown names raise ``ValueError`` listing the registered envs.
+    """
+    env = get_env_factory(name_or_entry_point)(**kwargs)
     if not isinstance(env, AgentEnv):
         raise TypeError(
             f"env {name_or_entry_point!r} built a {type(env).__name__}, which is not an agent_r1 AgentEnv"

@@ -12,7 +12,8 @@ writes ``data/gsm/train.jsonl`` and ``data/gsm/test.jsonl``; a config then names
       kwargs: {task: gsm_symbolic}
 
 ``task_kwargs`` go to the task's builder (e.g. ``{path: hotpot_train.json, corpus: wiki.jsonl}`` for
-``multihop_qa``); the other keyword arguments go to ``ToolEnv`` (``max_turns`` defaults to the task's).
+``multihop_qa``); the other keyword arguments go to ``ToolEnv`` (``max_turns`` and ``format`` default to
+the task's; ``format: react`` suits chat templates that do not render tools).
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ def task_env(tokenizer, task: str, *, task_kwargs: Mapping[str, Any] | None = No
 
     spec = build(task, task_kwargs)
     env_kwargs.setdefault("max_turns", spec.max_turns)
+    env_kwargs.setdefault("format", spec.tool_format())
     return ToolEnv(
         tokenizer,
         spec.tools(),
-        format=spec.tool_format(),
         outcome_reward=spec.reward,
         extract_answer=spec.extract_answer,
         **env_kwargs,

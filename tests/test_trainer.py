@@ -1,0 +1,221 @@
+"""The RL trainer end to end on the tiny model and a real two-turn environment (tests/trainer_envs.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from trainer_envs import tasks
+
+from agent_r1.cli import main
+from agent_r1.train.config import ConfigError, config_from_dict
+from agent_r1.train.learner import load_policy
+from agent_r1.train.trainer import Trainer, export_weights
+from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus
+
+
+def _config(tiny_checkpoint, run_dir, **sections):
+    data = {
+        "model": {"path": str(tiny_checkpoint)},
+        "env": {"name": "trainer_envs:LowByteEnv"},
+        "rollout": {"n": 4, "max_tokens": 8, "max_steps": 2},
+        "trainer": {
+            "steps": 6,
+            "tasks_per_step": 4,
+            "lr": 3e-3,
+            "run_dir": str(run_dir),
+            "eval_every": 6,
+            "mini_batches": 2,
+            "checkpoint_every": 3,
+        },
+        "logging": {"progress": False},
+    }
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    return config_from_dict(data)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_checkpoint, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    trainer = Trainer(
+        _config(tiny_checkpoint, run_dir), train_tasks=tasks(12), val_tasks=tasks(4, offset=100)
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    final = trainer.fit()
+    return trainer, run_dir, before, final
+
+
+def test_training_improves_reward_and_changes_the_weights(trained):
+    trainer, run_dir, before, final = trained
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/reward" in r]
+    assert [r["step"] for r in evals] == [0, 6]
+    assert evals[-1]["eval/reward"] > evals[0]["eval/reward"]  # greedy held-out reward went up
+    train_rows = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in train_rows] == list(range(1, 7))
+    assert train_rows[-1]["reward/mean"] + train_rows[-2]["reward/mean"] > (
+        train_rows[0]["reward/mean"] + train_rows[1]["reward/mean"]
+    )
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert final["eval/success"] == evals[-1]["eval/success"]
+
+
+def test_metrics_follow_the_run_directory_contract(trained):
+    _, run_dir, _, _ = trained
+    row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[1])
+    for key in (
+        "step",
+        "time",
+        "reward/mean",
+        "success/mean",
+        "entropy/mean",
+        "response_length/mean",
+        "steps_per_trajectory/mean",
+        "throughput/tokens_per_s",
+        "loss/policy",
+        "grad_norm",
+        "lr",
+        "clip_fraction",
+        "time/step",
+        "time/rollout",
+        "time/score",
+        "time/filter",
+        "time/reference",
+        "time/advantage",
+        "time/update",
+        "time/sync",
+    ):
+        assert key in row, key
+    # two appended turns merge into one sequence: fewer tokens than one row per step
+    assert row["train/tokens"] < row["train/tokens_per_step_layout"]
+    assert (run_dir / "config.yaml").is_file()
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (run_dir / "trajectories").iterdir()) == [
+        f"step_{s:06d}.jsonl" for s in range(1, 7)
+    ]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+
+
+def test_trajectory_dumps_carry_the_viewer_keys(trained, tiny_tokenizer):
+    _, run_dir, _, _ = trained
+    records = [
+        json.loads(line) for line in (run_dir / "trajectories" / "step_000001.jsonl").read_text().splitlines()
+    ]
+    assert len(records) == 16 and all(r["type"] == "Trajectory" for r in records)
+    assert all(isinstance(r["info"]["success"], bool) for r in records)
+    step = records[0]["steps"][0]
+    assert step["info"]["prompt_text"] == tiny_tokenizer.decode(step["prompt_ids"])
+    assert step["info"]["response_tokens"] == [tiny_tokenizer.decode([t]) for t in step["response_ids"]]
+    assert isinstance(step["info"]["advantage"], float)
+
+
+def test_final_checkpoint_is_a_loadable_hugging_face_model(trained):
+    trainer, run_dir, _, _ = trained
+    weights = load_file(run_dir / "checkpoints" / "step_000006" / "model" / "model.safetensors")
+    for name, p in trainer.model.state_dict().items():
+        if name in weights:
+            assert torch.equal(weights[name], p), name
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step_000006" / "model")
+
+
+def test_sampler_and_learner_log_probs_agree(trained):
+    trainer, _, _, _ = trained
+    trainer.engine.engine.__init__(trainer.model, tokenizer=trainer.tokenizer)  # the engine was closed by fit
+    try:
+        groups = trainer.rollout(tasks(2), step=99)
+        batch = trainer.prepare(groups)
+    finally:
+        trainer.close()
+    torch.testing.assert_close(
+        batch.tokens["old_logprobs"], batch.tokens["sampler_logprobs"], atol=1e-4, rtol=0
+    )
+
+
+def _group(rewards, status=TrajectoryStatus.OK):
+    step = Step(prompt_ids=(1, 2), response_ids=(3,), logprobs=(-1.0,))
+    return TrajectoryGroup(
+        "g",
+        "t",
+        tuple(
+            Trajectory(
+                "t", (step,), outcome_reward=r, status=status, error="boom" if status == "error" else None
+            )
+            for r in rewards
+        ),
+    )
+
+
+def test_filter_drops_errors_and_with_dapo_zero_variance_groups(trained):
+    trainer, _, _, _ = trained
+    groups = [_group([1.0, 1.0]), _group([0.0, 1.0]), _group([1.0], status=TrajectoryStatus.ERROR)]
+    kept, metrics = trainer.filter(groups)
+    assert len(kept) == 2 and metrics["filter/zero_variance_groups"] == 1
+    trainer.config = replace(trainer.config, algorithm=replace(trainer.config.algorithm, dynamic_filter=True))
+    kept, metrics = trainer.filter(groups)
+    assert [g.rewards for g in kept] == [[0.0, 1.0]]
+
+
+def test_separate_engine_copy_with_lora_is_synced_with_merged_weights(tiny_checkpoint, tmp_path):
+    config = _config(
+        tiny_checkpoint,
+        tmp_path,
+        model={"lora": {"rank": 4, "alpha": 8}},
+        rollout={"share_model": False, "n": 2},
+        trainer={
+            "steps": 2,
+            "tasks_per_step": 2,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "lr": 1e-2,
+            "mini_batches": 1,
+        },
+        logging={"tensorboard": False, "dump_trajectories": False},
+    )
+    trainer = Trainer(config, train_tasks=tasks(4))
+    assert trainer.engine_model is not trainer.model
+    trainer.fit()
+    engine_state = trainer.engine_model.state_dict()
+    exported = dict(export_weights(trainer.model))
+    base = load_policy(replace(config.model, lora=replace(config.model.lora, rank=0))).state_dict()
+    assert exported.keys() == base.keys()
+    changed = 0
+    for name, tensor in exported.items():
+        assert torch.equal(engine_state[name], tensor), name
+        changed += not torch.equal(tensor, base[name])
+    assert changed > 0  # the merged LoRA deltas reached the engine
+    assert trainer.engine.engine.weight_version == 2
+    adapter = load_file(tmp_path / "checkpoints" / "step_000002" / "model" / "adapter_model.safetensors")
+    assert adapter and all("lora_" in k for k in adapter)
+
+
+def test_kl_to_a_reference_model_is_reported(tiny_checkpoint, tmp_path):
+    config = _config(
+        tiny_checkpoint,
+        tmp_path,
+        algorithm={"kl_coef": 0.1},
+        rollout={"n": 2},
+        trainer={"steps": 2, "tasks_per_step": 2, "eval_every": 0, "checkpoint_every": 0, "mini_batches": 1},
+        logging={"tensorboard": False, "dump_trajectories": False},
+    )
+    trainer = Trainer(config, train_tasks=tasks(4))
+    assert trainer.learner.reference is not None
+    final = trainer.fit()
+    assert 0 <= final["kl/mean"] < 1
+
+
+def test_config_errors_name_the_key(tiny_checkpoint, tmp_path):
+    with pytest.raises(ConfigError, match="algorithm.advantage.*needs a critic"):
+        Trainer(
+            _config(tiny_checkpoint, tmp_path, algorithm={"advantage": "gae_token"}), train_tasks=tasks(2)
+        )
+    with pytest.raises(ConfigError, match="'env.name'"):
+        Trainer(_config(tiny_checkpoint, tmp_path, env={"name": ""}), train_tasks=tasks(2))
+    config_file = tmp_path / "bad.yaml"
+    config_file.write_text("trainer:\n  stepz: 3\n")
+    assert main(["train", str(config_file)]) == 2

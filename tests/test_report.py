@@ -408,6 +408,8 @@ def test_report_command_writes_the_page_and_names_bad_input(run_dir, tmp_path):
     assert _page_data(out.read_text())["embedded_steps"] == [8]
     done = _cli("report", str(tmp_path / "missing"))
     assert done.returncode == 1 and "missing" in done.stderr and "does not exist" in done.stderr
+    done = _cli("view", str(run_dir), "--per-step", "-1")
+    assert done.returncode == 1 and "per_step must be >= 0" in done.stderr
 
 
 def _get(url: str) -> tuple[int, str]:

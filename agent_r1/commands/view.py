@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             per_step=args.per_step,
             on_ready=announce,
         )
-    except OSError as e:
+    except (OSError, ValueError) as e:
         print(f"agent-r1 view: {e}", file=sys.stderr)
         return 1
     return 0

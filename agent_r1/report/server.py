@@ -22,6 +22,8 @@ def make_server(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist (or is not a directory)")
+    if last_steps < 0 or per_step < 0:
+        raise ValueError(f"last_steps and per_step must be >= 0 (0 = all), got {last_steps}, {per_step}")
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -32,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + (["logging.progress=false"] if args.quiet else [])
     try:
         config = load_config(args.config, overrides)
-        from agent_r1.train.trainer import Trainer
+        if config.distributed.backend == "ray":
+            from agent_r1.distributed.driver import RayTrainer as Trainer
+        else:
+            from agent_r1.train.trainer import Trainer
 
         trainer = Trainer(config, resume=args.resume)
     except (ConfigError, DataError, FileNotFoundError) as e:

@@ -281,18 +281,16 @@ class Trainer:
         return load_tasks(source, split=split, required_fields=required)
 
     def _env_factory(self) -> Callable[[], Any]:
-        from agent_r1.envs.registry import load_entry_point, make_env
+        """``make_env(env.name, **env.kwargs)``, with ``tokenizer=`` when the factory takes one."""
+        from agent_r1.envs.registry import get_env_factory, make_env
 
         name, kwargs = self.config.env.name, dict(self.config.env.kwargs)
         if not name:
             raise ConfigError("env.name", "no environment: set env.name (or pass env_factory= / flow=)")
-        from agent_r1.envs import registry
-
-        factory = registry._ENVS.get(name, name if ":" in name else None)
-        if factory is None:
-            make_env(name)  # raises the registry's error naming the available envs
-        if isinstance(factory, str):
-            factory = load_entry_point(factory)
+        try:
+            factory = get_env_factory(name)
+        except (ValueError, TypeError) as e:
+            raise ConfigError("env.name", str(e)) from None
         try:
             takes_tokenizer = "tokenizer" in inspect.signature(factory).parameters
         except (TypeError, ValueError):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,10 +20,13 @@ import pytest
 
 from agent_r1.tools import ToolCall, ToolSet
 from agent_r1.tools.python_sandbox import (
+    _LAUNCHER,
     Isolation,
     PythonSandbox,
     SandboxLimits,
     SandboxStatus,
+    _prepare,
+    _supervise,
     namespaces_available,
     python_tool,
 )
@@ -241,3 +246,47 @@ def test_python_tool_returns_output_and_survives_hostile_calls(sandbox: PythonSa
     assert "ValueError: bad input" in results[2].content
     assert results[3].is_error and "unknown argument 'source'" in results[3].content
     assert tools["python"].schema()["function"]["parameters"]["required"] == ["code"]
+
+
+def _world_traversable(path: Path) -> bool:
+    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0
+    or shutil.which("setpriv") is None
+    or not SYSTEM_PYTHON.exists()
+    or not _world_traversable(Path(_LAUNCHER).parent),
+    reason="needs root (to become nobody with setpriv), a system /usr/bin/python3 and a world-readable checkout",
+)
+def test_unprivileged_caller_gets_the_same_isolation_through_a_user_namespace() -> None:
+    """The non-root path of the launcher: it maps a non-zero uid in a new user namespace."""
+    base = Path(tempfile.mkdtemp(prefix="agent-r1-sandbox-test-"))
+    try:
+        code = (
+            "import os, socket\n"
+            "print(os.getuid(), os.path.exists('/etc/passwd'), sorted(os.listdir('/')))\n"
+            "try:\n"
+            "    socket.create_connection(('1.1.1.1', 80), timeout=2)\n"
+            "    print('connected')\n"
+            "except OSError:\n"
+            "    print('no network')\n"
+        )
+        config = _prepare(base, code, "", {}, LIMITS, Isolation.NAMESPACES, str(SYSTEM_PYTHON), uid=None)
+        for path in [base, *base.rglob("*")]:
+            path.chmod(0o755)
+        unprivileged = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(SYSTEM_PYTHON)]
+        result = _supervise(
+            [*unprivileged, "-I", "-S", str(_LAUNCHER), str(config)], LIMITS, Isolation.NAMESPACES
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    if result.status is SandboxStatus.SETUP_FAILED:
+        pytest.skip(f"unprivileged user namespaces are disabled here: {result.stderr.strip()}")
+    assert result.ok, result
+    uid, passwd_visible, *_ = result.stdout.split(maxsplit=2)
+    assert uid == "1000" and passwd_visible == "False"
+    assert result.stdout.rstrip().endswith("no network")

@@ -129,9 +129,9 @@ class SandboxResult:
 
 def _read_only_paths(python: str) -> list[str]:
     """What the code may see (read-only): the interpreter, its prefixes and the system libraries."""
-    real = os.path.realpath(python)
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    prefixes.add(os.path.dirname(os.path.dirname(real)))
+    prefixes = {os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+    if os.path.realpath(python) == os.path.realpath(sys.executable):  # this interpreter and its virtualenv
+        prefixes |= {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     paths = ["/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin", "/etc/ld.so.cache"]
     paths += sorted(p for p in prefixes if p not in ("/", "/usr"))
     return paths
@@ -201,42 +201,55 @@ def _run(
 ) -> SandboxResult:
     base = Path(tempfile.mkdtemp(prefix="agent-r1-sandbox-"))
     try:
-        input_dir = base / "work"
-        input_dir.mkdir()
-        for name, content in {**files, "main.py": code}.items():
-            if "/" in name or name in ("", ".", ".."):
-                raise ValueError(f"sandbox file name {name!r} must be a plain file name")
-            (input_dir / name).write_text(content, encoding="utf-8")
-        (base / "stdin").write_text(stdin, encoding="utf-8")
-        (base / "root").mkdir()
         uid = _next_uid() if isolation is Isolation.NAMESPACES and os.geteuid() == 0 else None
-        config = {
-            "mode": isolation.value,
-            "input_dir": str(input_dir),
-            "stdin_path": str(base / "stdin"),
-            "new_root": str(base / "root"),
-            "read_only": _read_only_paths(python),
-            "workdir_bytes": limits.workdir_mb * 2**20,
-            "uid": uid,
-            "rlimits": limits.rlimits(),
-            # -E -s rather than -I, which would also hide main.py's directory from imports.
-            "argv": [python, "-E", "-s", "-B", "main.py"],
-            "env": {
-                "PATH": "/usr/local/bin:/usr/bin:/bin",
-                "LANG": "C.UTF-8",
-                "PYTHONIOENCODING": "utf-8",
-                "PYTHONUNBUFFERED": "1",
-                "OMP_NUM_THREADS": "1",
-                "OPENBLAS_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1",
-            },
-        }
-        (base / "config.json").write_text(json.dumps(config))
-        return _supervise(
-            [sys.executable, "-I", "-S", str(_LAUNCHER), str(base / "config.json")], limits, isolation
-        )
+        config = _prepare(base, code, stdin, files, limits, isolation, python, uid)
+        return _supervise([sys.executable, "-I", "-S", str(_LAUNCHER), str(config)], limits, isolation)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _prepare(
+    base: Path,
+    code: str,
+    stdin: str,
+    files: dict[str, str],
+    limits: SandboxLimits,
+    isolation: Isolation,
+    python: str,
+    uid: int | None,
+) -> Path:
+    """Write the run's input files and the launcher's config under ``base``; return the config's path."""
+    input_dir = base / "work"
+    input_dir.mkdir()
+    for name, content in {**files, "main.py": code}.items():
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"sandbox file name {name!r} must be a plain file name")
+        (input_dir / name).write_text(content, encoding="utf-8")
+    (base / "stdin").write_text(stdin, encoding="utf-8")
+    (base / "root").mkdir()
+    config = {
+        "mode": isolation.value,
+        "input_dir": str(input_dir),
+        "stdin_path": str(base / "stdin"),
+        "new_root": str(base / "root"),
+        "read_only": _read_only_paths(python),
+        "workdir_bytes": limits.workdir_mb * 2**20,
+        "uid": uid,
+        "rlimits": limits.rlimits(),
+        # -E -s rather than -I, which would also hide main.py's directory from imports.
+        "argv": [python, "-E", "-s", "-B", "main.py"],
+        "env": {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "PYTHONIOENCODING": "utf-8",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        },
+    }
+    (base / "config.json").write_text(json.dumps(config))
+    return base / "config.json"
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

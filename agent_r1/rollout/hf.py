@@ -1,0 +1,427 @@
+"""In-process Hugging Face engine with continuous batching.
+
+Every ``generate`` call (one per live trajectory) becomes a request in a queue. One scheduler thread
+owns the model and loops:
+
+1. admit waiting requests (up to ``max_batch_size`` live rows): prefill them together, left-padded,
+   with explicit ``position_ids``, and merge their KV cache into the decode batch's;
+2. run one batched decode step for every live row and sample each row's next token with its own
+   ``SamplingParams`` (and its own ``torch.Generator`` when seeded);
+3. retire rows that stopped (stop token / string, ``max_tokens``, context full, cancelled) and hand
+   their ``Completion`` back to the caller's event loop.
+
+Requests join and leave between decode steps, so a batch never waits for its longest member. Rows
+sit left-padded in one ``DynamicCache``; padding is masked out and positions are explicit, so a
+row's log-probs equal an unpadded forward over its own tokens (tested to 1e-4 in fp32). Weights are
+copied in place between steps (``update_weights``); sequences in flight continue with the new
+weights.
+
+Deviation from vLLM: no paged attention; the batch cache is re-laid when rows join or leave
+(a copy of the live KV, cheap next to a decode step for models that fit a CPU or one GPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
+
+from agent_r1.rollout.base import NamedTensors
+from agent_r1.rollout.sampling import sample_next_tokens
+from agent_r1.types import Completion, SamplingParams, StopReason
+
+__all__ = ["HFEngine"]
+
+_IDLE_EXIT_S = 1.0  # the scheduler thread ends after this long without work (no thread outlives use)
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    generator: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    cancelled: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.token_ids)
+
+
+def _resolve(future: asyncio.Future, completion: Completion) -> None:
+    if not future.done():
+        future.set_result(completion)
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+class _GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` over a preallocated buffer that grows by doubling.
+
+    ``DynamicLayer`` appends with ``torch.cat``, copying the whole cache at every decode step; here a
+    step writes one column in place and ``keys`` / ``values`` are views of the filled part.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self._length = 0
+
+    def set(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        """Hold exactly ``keys`` / ``values`` (B, H, T, D), with room for ``capacity`` positions."""
+        batch, heads, length, dim = keys.shape
+        self._key_buffer = keys.new_empty(batch, heads, max(capacity, length), dim)
+        self._value_buffer = values.new_empty(batch, heads, max(capacity, length), values.shape[-1])
+        self._key_buffer[:, :, :length] = keys
+        self._value_buffer[:, :, :length] = values
+        self._length = length
+        self.keys = self._key_buffer[:, :, :length]
+        self.values = self._value_buffer[:, :, :length]
+        self.device = keys.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.set(key_states, value_states, 2 * key_states.shape[-2])
+            return self.keys, self.values
+        end = self._length + key_states.shape[-2]
+        if end > self._key_buffer.shape[-2]:
+            self.set(self.keys, self.values, 2 * end)
+        self._key_buffer[:, :, self._length : end] = key_states
+        self._value_buffer[:, :, self._length : end] = value_states
+        self._length = end
+        self.keys = self._key_buffer[:, :, :end]
+        self.values = self._value_buffer[:, :, :end]
+        return self.keys, self.values
+
+
+def _new_cache(num_layers: int) -> DynamicCache:
+    cache = DynamicCache()
+    cache.layers = [_GrowingLayer() for _ in range(num_layers)]
+    return cache
+
+
+class _Batch:
+    """The live decode batch: rows in cache order, a left-padded KV cache and its mask (B, T)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.requests: list[_Request] = []
+        self.cache: DynamicCache | None = None
+        self.mask_BT: torch.Tensor | None = None
+
+    def merge(self, requests: list[_Request], cache: DynamicCache, mask_BT: torch.Tensor) -> None:
+        if self.cache is None:
+            self.requests, self.cache, self.mask_BT = list(requests), cache, mask_BT
+            return
+        length = max(self.mask_BT.shape[1], mask_BT.shape[1])
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            mine.set(
+                torch.cat([_left_pad(mine.keys, length, 2), _left_pad(theirs.keys, length, 2)]),
+                torch.cat([_left_pad(mine.values, length, 2), _left_pad(theirs.values, length, 2)]),
+                2 * length,
+            )
+        self.mask_BT = torch.cat([_left_pad(self.mask_BT, length, 1), _left_pad(mask_BT, length, 1)])
+        self.requests += requests
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` and drop the columns that are padding in every remaining row."""
+        if not rows:
+            self.clear()
+            return
+        if len(rows) == len(self.requests):
+            return
+        index = torch.tensor(rows, device=self.mask_BT.device)
+        mask_BT = self.mask_BT[index]
+        first = int(mask_BT.any(dim=0).long().argmax())
+        self.mask_BT = mask_BT[:, first:]
+        for layer in self.cache.layers:
+            layer.set(layer.keys[index, :, first:], layer.values[index, :, first:], 2 * mask_BT.shape[1])
+        self.requests = [self.requests[i] for i in rows]
+
+
+class HFEngine:
+    """Continuous-batching engine over any Hugging Face causal LM, in this process.
+
+    ``model``: a ``PreTrainedModel`` (kept on its device unless ``device`` is given; ``dtype`` casts
+    it). ``tokenizer``: needed only for stop strings and ``Completion.text``. ``max_batch_size``:
+    the most rows decoded together. ``eos_token_ids``: tokens that end a response besides each
+    request's ``stop_token_ids`` (default: the model's generation config; ``()`` ignores end of
+    sequence, e.g. for benchmarks that need exact lengths). ``max_context``: prompt + response
+    limit (default: ``config.max_position_embeddings``).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        max_batch_size: int = 64,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        max_context: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
+        if device is not None or dtype is not None:
+            model = model.to(device=device, dtype=dtype)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2**31
+        self.eos_token_ids = frozenset(
+            self._default_eos_ids(model) if eos_token_ids is None else (int(t) for t in eos_token_ids)
+        )
+        self.weight_version: int | None = None
+        forward_params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self._batch = _Batch()
+        self._waiting: list[_Request] = []
+        self._wakeup = threading.Condition()
+        self._model_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @staticmethod
+    def _default_eos_ids(model: PreTrainedModel) -> list[int]:
+        generation_config = getattr(model, "generation_config", None)
+        eos = getattr(generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(model.config, "eos_token_id", None)
+        if eos is None:
+            return []
+        return [eos] if isinstance(eos, int) else list(eos)
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs) -> HFEngine:
+        """Load a model folder (and its tokenizer, via ``load_tokenizer``) into an engine."""
+        from transformers import AutoModelForCausalLM
+
+        from agent_r1.models.loading import load_tokenizer
+
+        dtype = kwargs.pop("dtype", None)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
+        kwargs.setdefault("tokenizer", load_tokenizer(path, require_template=False))
+        return cls(model, **kwargs)
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        """Sample one response; see ``agent_r1.rollout.base.Engine.generate``."""
+        prompt_ids = tuple(int(t) for t in prompt_ids)
+        rejected = self._reject(prompt_ids, params)
+        if rejected is not None:
+            return rejected
+        loop = asyncio.get_running_loop()
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        request = _Request(prompt_ids, params, loop, loop.create_future(), generator)
+        self._submit(request)
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            request.cancelled = True
+            raise
+
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
+        """Copy ``(name, tensor)`` pairs into the live model between decode steps.
+
+        Names are the model's ``state_dict`` keys (Hugging Face names). An unknown name raises
+        ``KeyError`` listing a few valid ones, before anything is copied.
+        """
+        state = self.model.state_dict()
+        pairs = list(named_tensors)
+        unknown = [name for name, _ in pairs if name not in state]
+        if unknown:
+            raise KeyError(
+                f"HFEngine.update_weights: unknown parameter(s) {unknown[:5]}; "
+                f"the model has e.g. {list(state)[:5]}"
+            )
+        with self._model_lock, torch.no_grad():
+            for name, tensor in pairs:
+                state[name].copy_(tensor)
+        self.weight_version = version
+
+    def close(self) -> None:
+        """Refuse new requests and end pending ones with ``ABORT``. (Not needed for cleanup: the
+        scheduler thread ends by itself once idle.)"""
+        with self._wakeup:
+            self._closed = True
+            self._wakeup.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    # ------------------------------------------------------------------ request intake
+
+    def _reject(self, prompt_ids: tuple[int, ...], params: SamplingParams) -> Completion | None:
+        if self._closed:
+            return Completion((), (), StopReason.ABORT, error="HFEngine is closed")
+        if params.stop and self.tokenizer is None:
+            return Completion(
+                (), (), StopReason.ABORT, error="stop strings need HFEngine(tokenizer=...) to read text"
+            )
+        if not prompt_ids:
+            return Completion((), (), StopReason.ABORT, error="empty prompt: nothing to condition on")
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            return Completion(
+                (),
+                (),
+                StopReason.ABORT,
+                error=f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}",
+            )
+        if len(prompt_ids) >= self.max_context:
+            return Completion(
+                (),
+                (),
+                StopReason.LENGTH,
+                error=f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context}",
+            )
+        return None
+
+    def _submit(self, request: _Request) -> None:
+        with self._wakeup:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="HFEngine", daemon=True)
+                self._thread.start()
+            self._waiting.append(request)
+            self._wakeup.notify()
+
+    def _finish(self, request: _Request, reason: StopReason, error: str | None = None) -> None:
+        text = None
+        if self.tokenizer is not None:
+            ids = request.token_ids
+            if ids and reason is StopReason.STOP and self._is_stop_token(request, ids[-1]):
+                ids = ids[:-1]
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        completion = Completion(request.token_ids, request.logprobs, reason, text=text, error=error)
+        with contextlib.suppress(RuntimeError):  # the caller's event loop is gone; nobody is waiting
+            request.loop.call_soon_threadsafe(_resolve, request.future, completion)
+
+    # ------------------------------------------------------------------ scheduler thread
+
+    def _serve(self) -> None:
+        while True:
+            with self._wakeup:
+                if not self._waiting and not self._batch.requests and not self._closed:
+                    self._wakeup.wait(timeout=_IDLE_EXIT_S)
+                if not self._waiting and not self._batch.requests:
+                    self._thread = None  # idle: let the thread end; the next request starts another
+                    return
+                if self._closed:
+                    break
+                room = self.max_batch_size - len(self._batch.requests)
+                joining, self._waiting = self._waiting[:room], self._waiting[room:]
+            joining = [r for r in joining if not r.cancelled]
+            try:
+                with self._model_lock, torch.inference_mode():
+                    if joining:
+                        self._prefill(joining)
+                    if self._batch.requests:
+                        self._retire()
+                    if self._batch.requests:
+                        self._decode()
+                        self._retire()
+            except Exception as e:  # a failed step fails its rows, never the engine
+                failed = self._batch.requests + [r for r in joining if r not in self._batch.requests]
+                self._batch = _Batch()
+                for request in failed:
+                    self._finish(request, StopReason.ABORT, error=f"{type(e).__name__}: {e}")
+        for request in self._batch.requests + self._waiting:
+            self._finish(request, StopReason.ABORT, error="HFEngine closed")
+        self._batch, self._waiting = _Batch(), []
+
+    def _forward(self, input_ids_BT, mask_BT, position_ids_BT, cache) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids_BT,
+            attention_mask=mask_BT,
+            position_ids=position_ids_BT,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )
+        return out.logits[:, -1, :]  # (B, V)
+
+    def _prefill(self, requests: list[_Request]) -> None:
+        """Run the prompts of joining requests, left-padded, and sample their first tokens."""
+        length = max(len(r.prompt_ids) for r in requests)
+        ids_BT = torch.zeros(len(requests), length, dtype=torch.long)
+        mask_BT = torch.zeros(len(requests), length, dtype=torch.long)
+        for i, r in enumerate(requests):
+            ids_BT[i, length - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask_BT[i, length - len(r.prompt_ids) :] = 1
+        ids_BT, mask_BT = ids_BT.to(self.device), mask_BT.to(self.device)
+        position_ids_BT = (mask_BT.cumsum(dim=1) - 1).clamp(min=0)
+        cache = _new_cache(self.model.config.get_text_config().num_hidden_layers)
+        logits_BV = self._forward(ids_BT, mask_BT, position_ids_BT, cache)
+        self._append_samples(requests, logits_BV)
+        self._batch.merge(requests, cache, mask_BT)
+
+    def _decode(self) -> None:
+        """One step for every live row: feed its last token, sample the next."""
+        batch = self._batch
+        ids_B1 = torch.tensor([[r.token_ids[-1]] for r in batch.requests], device=self.device)
+        position_ids_B1 = torch.tensor([[r.num_tokens - 1] for r in batch.requests], device=self.device)
+        batch.mask_BT = torch.cat([batch.mask_BT, batch.mask_BT.new_ones(len(batch.requests), 1)], dim=1)
+        logits_BV = self._forward(ids_B1, batch.mask_BT, position_ids_B1, batch.cache)
+        self._append_samples(batch.requests, logits_BV)
+
+    def _append_samples(self, requests: list[_Request], logits_BV: torch.Tensor) -> None:
+        tokens_B, logprobs_B = sample_next_tokens(
+            logits_BV, [r.params for r in requests], [r.generator for r in requests]
+        )
+        for request, token, logprob in zip(requests, tokens_B.tolist(), logprobs_B.tolist(), strict=True):
+            request.token_ids.append(token)
+            request.logprobs.append(logprob)
+
+    def _is_stop_token(self, request: _Request, token: int) -> bool:
+        return token in self.eos_token_ids or token in request.params.stop_token_ids
+
+    def _stop_reason(self, request: _Request) -> StopReason | None:
+        if request.cancelled:
+            return StopReason.ABORT
+        if self._is_stop_token(request, request.token_ids[-1]):
+            return StopReason.STOP
+        if request.params.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(request.token_ids, skip_special_tokens=False)
+            if any(s in text for s in request.params.stop):
+                return StopReason.STOP
+        if len(request.token_ids) >= request.params.max_tokens or request.num_tokens >= self.max_context:
+            return StopReason.LENGTH
+        return None
+
+    def _retire(self) -> None:
+        """Finish the rows whose newest token ended them; keep the rest in the batch."""
+        keep = []
+        for i, request in enumerate(self._batch.requests):
+            reason = self._stop_reason(request)
+            if reason is None:
+                keep.append(i)
+            else:
+                self._finish(request, reason, error="cancelled" if reason is StopReason.ABORT else None)
+        self._batch.keep(keep)

@@ -1,0 +1,67 @@
+"""Turning one batch of next-token logits into sampled tokens and their log-probs.
+
+Shared by the in-process engines. The log-prob of a sampled token is
+``log softmax(logits / temperature)`` over the full vocabulary (``agent_r1.types``): temperature
+applied, top-k / top-p truncation *not* renormalised into it; greedy rows (``temperature == 0``)
+report the raw log-softmax. Truncation only decides which tokens may be drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from agent_r1.types import SamplingParams
+
+__all__ = ["sample_next_tokens"]
+
+
+def _truncation_mask(scaled_BV: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """True where a token is *removed* by its row's top-k / top-p (nucleus, Holtzman et al. 2020)."""
+    batch, vocab = scaled_BV.shape
+    top_k_B = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=scaled_BV.device)
+    top_p_B = torch.tensor([p.top_p for p in params], device=scaled_BV.device, dtype=scaled_BV.dtype)
+    sorted_BV, order_BV = scaled_BV.sort(dim=-1, descending=True)
+    rank_V = torch.arange(vocab, device=scaled_BV.device)
+    remove_sorted_BV = rank_V[None, :] >= top_k_B[:, None]
+    probs_sorted_BV = sorted_BV.softmax(dim=-1)
+    mass_before_BV = probs_sorted_BV.cumsum(dim=-1) - probs_sorted_BV  # mass of strictly better tokens
+    remove_sorted_BV |= mass_before_BV >= top_p_B[:, None]
+    remove_sorted_BV[:, 0] = False  # the most likely token always stays
+    return torch.zeros_like(remove_sorted_BV).scatter(1, order_BV, remove_sorted_BV)
+
+
+def sample_next_tokens(
+    logits_BV: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return ``(token_ids_B, logprobs_B)``.
+
+    Row ``i`` follows ``params[i]``; a row with a ``generators[i]`` draws only from it, so a seeded
+    request's tokens do not depend on which other requests share the batch.
+    """
+    logits_BV = logits_BV.float()
+    temperature_B = torch.tensor(
+        [1.0 if p.greedy else p.temperature for p in params], device=logits_BV.device
+    )
+    scaled_BV = logits_BV / temperature_B[:, None]
+    logprobs_BV = scaled_BV.log_softmax(dim=-1)
+
+    draw_BV = scaled_BV
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        draw_BV = scaled_BV.masked_fill(_truncation_mask(scaled_BV, params), float("-inf"))
+    probs_BV = draw_BV.softmax(dim=-1)
+
+    tokens_B = logits_BV.argmax(dim=-1)  # greedy rows keep the argmax
+    unseeded = [
+        i for i, (p, g) in enumerate(zip(params, generators, strict=True)) if g is None and not p.greedy
+    ]
+    if unseeded:
+        rows = torch.tensor(unseeded, device=logits_BV.device)
+        tokens_B[rows] = torch.multinomial(probs_BV[rows], 1).squeeze(-1)
+    for i, (p, g) in enumerate(zip(params, generators, strict=True)):
+        if g is not None and not p.greedy:
+            tokens_B[i] = torch.multinomial(probs_BV[i], 1, generator=g).squeeze(-1)
+    return tokens_B, logprobs_BV.gather(1, tokens_B[:, None]).squeeze(-1)

@@ -61,6 +61,7 @@ def _trajectory(
     """A trajectory whose prompts are built the way an "append" context policy builds them (each prompt
     = previous prompt + response + tool turn + generation prompt), except that from turn index
     ``window`` on a sliding window keeps only the system, user and last turn (the context is rewritten).
+    Each step's ``info["context"]`` describes the next prompt, as ToolEnv's step info does.
 
     ``turns``: (response text, tool calls, tool results, tool errors, step reward) per step.
     ``viewer_info=False`` leaves out the Step.info keys that only the viewer needs (it must cope).
@@ -69,11 +70,8 @@ def _trajectory(
     history: list[str] = []  # one string per finished turn: assistant response + tool turn
     steps = []
     for i, (response, calls, results, errors, reward) in enumerate(turns):
-        context_note = None
         if window is not None and i >= window:
-            dropped = len(history) - 1
             prompt_text = head + "".join(history[-1:]) + "<|im_start|>assistant\n"
-            context_note = {"policy": "sliding_window", "dropped_turns": dropped, "summarised": False}
         else:
             prompt_text = head + "".join(history) + "<|im_start|>assistant\n"
         prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
@@ -93,8 +91,14 @@ def _trajectory(
             "tool_results": results,
             "tool_errors": errors,
         }
-        if context_note:
-            info["context"] = context_note
+        if i + 1 < len(turns):
+            # As ToolEnv reports it: the step's info says how the context policy built the NEXT prompt.
+            rewrites = window is not None and i + 1 >= window
+            info["context"] = {
+                "policy": "append" if window is None else "sliding_window",
+                "dropped_turns": len(history) - 1 if rewrites else 0,
+                "summarised": False,
+            }
         if not viewer_info:
             info = {k: v for k, v in info.items() if k not in ("prompt_text", "response_tokens", "advantage")}
         last = i == len(turns) - 1
@@ -545,7 +549,7 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
             page.locator(".traj-item").nth(2).click()
             assert page.locator("#detail .step").count() == 4
             banner = page.locator("#detail .rewritten").inner_text()
-            assert 'policy "sliding_window"' in banner and "2 turn(s) dropped" in banner
+            assert 'policy "sliding_window"' in banner and "reports 2 turns dropped" in banner
             assert "not valid JSON" in "".join(page.locator("#detail .seg-drop").all_inner_texts())
             assert page.locator("#detail .tool-out", has_text="window.__pwned").count() == 1
             assert page.evaluate("window.__pwned") is None

@@ -280,7 +280,9 @@ def _step_view(index: int, step: Step, previous: Step | None) -> dict[str, Any]:
     return {
         "index": index,
         "context": change.value,
-        "context_note": _jsonable(info.get("context")),
+        # An env's step info describes the transition to the NEXT prompt (ToolEnv reports how its
+        # context policy built it there), so this prompt's note is on the previous step.
+        "context_note": _jsonable(previous.info.get("context")) if previous is not None else None,
         "prompt": segments,
         "prompt_tokens": len(step.prompt_ids),
         "response": step.response_text,

@@ -209,8 +209,8 @@
     const dropped = step.prompt.filter(([k]) => k === "drop").reduce((n, [, s]) => n + s.length, 0);
     const note = step.context_note || {};
     const by = note.policy ? ` by policy "${note.policy}"` : "";
-    const facts = [dropped ? `context rewritten${by}` : `context re-rendered${by}: not a token-level extension of the previous prompt + response, nothing dropped`];
-    if (note.dropped_turns) facts.push(`${note.dropped_turns} turn(s) dropped`);
+    const facts = [dropped ? `context rewritten${by}` : `context re-rendered${by}: not a token-level extension of the previous prompt + response, though none of its text is missing`];
+    if (note.dropped_turns) facts.push(`the policy reports ${plural(note.dropped_turns, "turn")} dropped`);
     if (note.summarised) facts.push("history summarised");
     if (dropped) facts.push(`${dropped} chars of the previous prompt + response no longer shown to the model`);
     const body = el("pre", { class: "box prompt-diff" },

@@ -90,3 +90,12 @@ def test_bad_yaml_values_and_sections_name_the_key(tmp_path):
         load_config(_yaml(tmp_path, {"model": "qwen"}))
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(_yaml(tmp_path, {"optimizer": {"lr": 1}}))
+
+
+def test_example_configs_load():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        assert load_config(path).env.name, path

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from agent_r1.report import load_run, render_html, write_report
 from agent_r1.report.html import chart_groups, embed_json
 from agent_r1.report.run import ContextChange, metric_series, prompt_segments, read_metrics
-from agent_r1.types import Step, Trajectory, TrajectoryStatus, write_jsonl
+from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus, read_jsonl, write_jsonl
 
 INJECTION = "</script><script>window.__pwned = 1</script><!--"
 SYSTEM = "You are a careful calculator agent. Use the add tool, then answer as <answer>N</answer>."
@@ -369,6 +369,19 @@ def test_embedded_trajectories_are_capped_by_step_and_whole_groups(run_dir):
     assert len(run.trajectories) == 2 * 5  # 3 rounded up to the whole first group of 5
     assert {t["group_id"] for t in run.trajectories} == {"s6-g0", "s8-g0"}
     assert len(load_run(run_dir, last_steps=0, per_step=0).trajectories) == 4 * 10
+
+
+def test_group_records_are_read_as_their_members(run_dir, tmp_path):
+    (tmp_path / "trajectories").mkdir()
+    members = [t.with_group("") for t in _dumped(run_dir, 8)[:5]]
+    write_jsonl(tmp_path / "trajectories" / "step_000001.jsonl", [TrajectoryGroup("g7", "add-0", members)])
+    views = load_run(tmp_path).trajectories
+    assert [v["group_id"] for v in views] == ["g7"] * 5
+    assert [v["task_id"] for v in views] == [t.task_id for t in members]
+
+
+def _dumped(run_dir: Path, step: int) -> list[Trajectory]:
+    return list(read_jsonl(run_dir / "trajectories" / f"step_{step:06d}.jsonl"))
 
 
 # ---------------------------------------------------------------- the page

@@ -339,7 +339,7 @@ def _read_trajectories(path: Path) -> Iterator[Trajectory]:
             if isinstance(record, Trajectory):
                 yield record
             elif isinstance(record, TrajectoryGroup):
-                yield from record.trajectories
+                yield from (t if t.group_id else t.with_group(record.group_id) for t in record.trajectories)
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"cannot read trajectory dump {path}, record {records_read + 1}: {e}") from e
 

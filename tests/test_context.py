@@ -292,3 +292,20 @@ def test_unknown_policy_and_bad_arguments_are_named():
         get_context_policy("sliding_window", k=0)
     with pytest.raises(TypeError, match="summarizer must be callable"):
         get_context_policy("summarize", summarizer="not a function")
+
+
+def test_summarize_with_the_policy_model_through_an_engine(tiny_tokenizer):
+    from doubles import ScriptedEngine
+
+    from agent_r1.envs.context import engine_summarizer
+    from agent_r1.types import SamplingParams
+
+    engine = ScriptedEngine(tiny_tokenizer, ["Looked up w0 and w1: animals."])
+    summarizer = engine_summarizer(engine, tiny_tokenizer, SamplingParams(max_tokens=64))
+    policy = get_context_policy("summarize", summarizer=summarizer, keep_last=1, max_turns=2)
+    prompt = build(policy, tiny_tokenizer, conversation(3))
+    asked = tiny_tokenizer.decode(engine.calls[0][0])
+    assert asked.startswith("<|im_start|>system") and "Summarise the conversation" in asked
+    assert "assistant: Let me look." in asked and "tool: w1: an animal" in asked and "w2" not in asked
+    summary = split_turns(prompt.messages)[1]
+    assert summary["content"].endswith("\nLooked up w0 and w1: animals.")  # special tokens dropped

@@ -283,7 +283,7 @@ def test_tool_env_cut_mid_call_max_turns_and_step_reward(tiny_tokenizer):
     assert "cut off" in tiny_tokenizer.decode(list(cut.observation.token_ids))
     assert cut.reward == 0.0 and last.reward == pytest.approx(0.1)
     assert last.truncated and not last.terminated and last.observation is None
-    assert last.info["truncated"] == "max_turns=2 reached"
+    assert last.info["truncated"] == "max_turns=2 reached" and last.info["success"] is False
 
 
 def test_tool_env_custom_answer_extraction_and_scorer(tiny_tokenizer):

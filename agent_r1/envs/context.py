@@ -48,6 +48,7 @@ __all__ = [
     "SummarizeContext",
     "TokenBudgetContext",
     "encode_text",
+    "engine_summarizer",
     "get_context_policy",
     "register_context_policy",
     "render_messages",
@@ -375,3 +376,33 @@ class SummarizeContext(ContextPolicy):
         messages = tuple(_join(head, new_summary, kept))
         ids = _rendered_prompt(tokenizer, messages, request.tools)
         return ContextPrompt(ids, messages, self._info(dropped_turns=len(older), summarised=True))
+
+
+SUMMARY_INSTRUCTION = (
+    "Summarise the conversation below for your own later use: keep every fact, number, tool result "
+    "and open question that may matter for the task; drop pleasantries. Reply with the summary only."
+)
+
+
+def engine_summarizer(
+    engine: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    sampling_params: Any,
+    *,
+    instruction: str = SUMMARY_INSTRUCTION,
+) -> Summarizer:
+    """A ``summarize`` summarizer that asks a model (e.g. the policy's own engine) for the summary.
+
+    The messages to replace are written out as a ``role: content`` transcript after ``instruction``
+    in one user message, rendered with the chat template; the response (special tokens dropped) is
+    the summary. These tokens are not part of any trajectory, so they are not trained on.
+    """
+
+    async def summarize(messages: list[Message]) -> str:
+        transcript = "\n\n".join(f"{m['role']}: {m.get('content') or ''}" for m in messages)
+        request = [{"role": "user", "content": f"{instruction}\n\n{transcript}"}]
+        prompt_ids = encode_text(tokenizer, render_messages(tokenizer, request))
+        completion = await engine.generate(prompt_ids, sampling_params)
+        return tokenizer.decode(list(completion.token_ids), skip_special_tokens=True).strip()
+
+    return summarize

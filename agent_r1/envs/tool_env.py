@@ -19,7 +19,8 @@ token ids built by the context policy (``append`` by default, see ``agent_r1.env
 ``Step.info`` keys: ``turn``; ``tool_calls`` ([{"name", "arguments"}]), ``tool_results`` ([str], what
 the model reads, per call), ``tool_errors`` ([str]: malformed calls, then the contents of calls that
 failed); ``context`` (the policy's report); on the final answer ``answer`` and ``success``
-(``outcome_reward >= success_threshold``); ``truncated`` when ``max_turns`` ends the episode.
+(``outcome_reward >= success_threshold``); ``truncated`` (and ``success`` False) when ``max_turns``
+ends the episode.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ class ToolEnv(AgentEnv):
         )
         reward = self._step_reward(parsed, results, task)
         if self._turn >= self.max_turns:
-            info["truncated"] = f"max_turns={self.max_turns} reached"
+            info.update(truncated=f"max_turns={self.max_turns} reached", success=False)
             return StepResult(observation=None, reward=reward, truncated=True, info=info)
 
         previous = PreviousTurn(self._prompt_ids, action.token_ids, num_messages=len(self._messages))

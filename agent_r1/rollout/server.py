@@ -1,0 +1,333 @@
+"""An OpenAI-compatible HTTP server over any engine (``agent-r1 serve``).
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``. The completions API takes token-id prompts and returns the generated token ids
+and their log-probs with vLLM's conventions, so one client (``OpenAIEngine``) talks to this server
+and to ``vllm serve`` alike:
+
+- ``prompt``: a string, a list of token ids, or a list of either (a batch);
+- ``return_token_ids: true`` adds ``token_ids`` (and ``prompt_token_ids``) to each choice;
+- ``logprobs: k`` adds ``{tokens, token_logprobs, top_logprobs, text_offset}``; with
+  ``return_tokens_as_token_ids: true`` the tokens read ``"token_id:N"``;
+- vLLM's sampling extensions ``top_k``, ``stop_token_ids``, ``seed`` are honoured.
+
+Log-probs are the engine's (``log softmax(logits / temperature)``, ``agent_r1.types``). Deviation:
+``top_logprobs`` holds only the sampled token (engines return no alternatives). Streaming, ``echo``
+and ``best_of`` are not supported and answered with HTTP 400, like any invalid request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from agent_r1.rollout.base import Engine
+from agent_r1.types import Completion, SamplingParams, StopReason
+
+__all__ = ["build_app", "start_server"]
+
+
+class BadRequest(Exception):
+    """An invalid request: answered with HTTP 400 and this message."""
+
+
+class _EngineError(Exception):
+    """A request the engine failed: 400 when it cannot fit the context, else 500."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+def _field(body: dict, name: str, kinds: type | tuple[type, ...], default: Any = None) -> Any:
+    """``body[name]`` if present and of one of ``kinds`` (a JSON boolean is not a number)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        expected = " or ".join(k.__name__ for k in kinds)
+        raise BadRequest(f"'{name}' must be of type {expected}, got {json.dumps(value)[:50]}")
+    return value
+
+
+def _sampling_params(body: dict, max_tokens_default: int) -> SamplingParams:
+    for unsupported in ("stream", "echo"):
+        if body.get(unsupported):
+            raise BadRequest(f"'{unsupported}' is not supported by this server")
+    if body.get("best_of") not in (None, 1):
+        raise BadRequest("'best_of' is not supported by this server (use n)")
+    stop = _field(body, "stop", (str, list), [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) for s in stop):
+        raise BadRequest("'stop' must be a string or a list of strings")
+    stop_token_ids = _field(body, "stop_token_ids", list, [])
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
+        raise BadRequest("'stop_token_ids' must be a list of integers")
+    max_tokens_key = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    try:
+        return SamplingParams(
+            temperature=float(_field(body, "temperature", (int, float), 1.0)),
+            top_p=float(_field(body, "top_p", (int, float), 1.0)),
+            top_k=_field(body, "top_k", int, -1) or -1,  # vLLM and OpenAI clients send 0 for "off"
+            max_tokens=_field(body, max_tokens_key, int, max_tokens_default),
+            stop_token_ids=tuple(stop_token_ids),
+            stop=tuple(stop),
+            seed=_field(body, "seed", int),
+        )
+    except ValueError as e:
+        raise BadRequest(str(e)) from e
+
+
+def _finish_reason(completion: Completion) -> str:
+    return completion.finish_reason.value
+
+
+class _Handlers:
+    def __init__(self, engine: Engine, model_name: str, tokenizer, max_context: int | None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.max_context = max_context or getattr(engine, "max_context", None)
+        self.vocab_size = getattr(engine, "vocab_size", None)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _need_tokenizer(self, what: str) -> None:
+        if self.tokenizer is None:
+            raise BadRequest(f"{what} needs a tokenizer, and this server was started without one")
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, str):
+            self._need_tokenizer("a text prompt")
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return prompt
+        raise BadRequest("'prompt' must be a string, a list of token ids, or a list of those")
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise BadRequest("the prompt is empty")
+        bad = [t for t in ids if t < 0 or (self.vocab_size is not None and t >= self.vocab_size)]
+        if bad:
+            raise BadRequest(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if self.max_context is not None and len(ids) >= self.max_context:
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_context} tokens. However, your "
+                f"request has {len(ids)} input tokens."
+            )
+
+    def _token_strings(self, ids: Sequence[int], as_ids: bool) -> list[str]:
+        if as_ids or self.tokenizer is None:
+            return [f"token_id:{t}" for t in ids]
+        return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+
+    def _text(self, completion: Completion) -> str:
+        if completion.text is not None:
+            return completion.text
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(completion.token_ids, skip_special_tokens=False)
+
+    async def _generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[Completion]:
+        jobs = []
+        for ids in prompts:
+            for i in range(n):
+                # the i-th of n samples uses seed + i, so that n seeded samples differ
+                sample_params = params if params.seed is None else replace(params, seed=params.seed + i)
+                jobs.append(self.engine.generate(ids, sample_params))
+        completions = await asyncio.gather(*jobs)
+        for c in completions:
+            if c.error is not None:
+                raise _EngineError(400 if c.finish_reason is StopReason.LENGTH else 500, c.error)
+        return completions
+
+    @staticmethod
+    def _body_n(body: dict) -> int:
+        n = _field(body, "n", int, 1)
+        if n < 1:
+            raise BadRequest("'n' must be >= 1")
+        return n
+
+    # ------------------------------------------------------------------ endpoints
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agent-r1"}
+        if self.max_context is not None:
+            card["max_model_len"] = self.max_context
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def completions(self, body: dict) -> dict:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise BadRequest("'prompt' is required")
+        batch = (
+            prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+        )
+        prompts = [self._prompt_ids(p) for p in batch]
+        for ids in prompts:
+            self._check_prompt(ids)
+        params = _sampling_params(body, max_tokens_default=16)
+        n = self._body_n(body)
+        logprobs_k = _field(body, "logprobs", int)
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        with_ids = bool(body.get("return_token_ids"))
+        completions = await self._generate(prompts, n, params)
+        choices = []
+        for index, c in enumerate(completions):
+            choice: dict[str, Any] = {
+                "index": index,
+                "text": self._text(c),
+                "logprobs": None,
+                "finish_reason": _finish_reason(c),
+                "stop_reason": None,
+            }
+            if logprobs_k is not None:
+                tokens = self._token_strings(c.token_ids, as_ids)
+                offsets, position = [], 0
+                for t in tokens:
+                    offsets.append(position)
+                    position += len(t)
+                choice["logprobs"] = {
+                    "text_offset": offsets,
+                    "token_logprobs": list(c.logprobs),
+                    "tokens": tokens,
+                    "top_logprobs": [{t: lp} for t, lp in zip(tokens, c.logprobs, strict=True)],
+                }
+            if with_ids:
+                choice["token_ids"] = list(c.token_ids)
+                choice["prompt_token_ids"] = prompts[index // n]
+            choices.append(choice)
+        prompt_tokens = sum(len(p) for p in prompts)
+        completion_tokens = sum(len(c.token_ids) for c in completions)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    async def chat_completions(self, body: dict) -> dict:
+        self._need_tokenizer("chat completions")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("'messages' must be a non-empty list of message objects")
+        for i, m in enumerate(messages):
+            if "role" not in m:
+                raise BadRequest(f"messages[{i}] has no 'role'")
+        tools = _field(body, "tools", list)
+        try:
+            rendered = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as e:  # a template that rejects the conversation is the caller's problem
+            raise BadRequest(f"the chat template could not render these messages: {e}") from e
+        ids = self.tokenizer.encode(rendered, add_special_tokens=False)
+        self._check_prompt(ids)
+        params = _sampling_params(body, max_tokens_default=max(1, (self.max_context or 4096) - len(ids)))
+        n = self._body_n(body)
+        want_logprobs = bool(body.get("logprobs"))
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        completions = await self._generate([ids], n, params)
+        choices = []
+        for index, c in enumerate(completions):
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": {"role": "assistant", "content": self._text(c)},
+                "logprobs": None,
+                "finish_reason": _finish_reason(c),
+            }
+            if want_logprobs:
+                tokens = self._token_strings(c.token_ids, as_ids)
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
+                        for t, lp in zip(tokens, c.logprobs, strict=True)
+                    ]
+                }
+            if body.get("return_token_ids"):
+                choice["token_ids"] = list(c.token_ids)
+            choices.append(choice)
+        completion_tokens = sum(len(c.token_ids) for c in completions)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "prompt_token_ids": ids if body.get("return_token_ids") else None,
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(ids) + completion_tokens,
+            },
+        }
+
+
+def _json_endpoint(handler):
+    async def endpoint(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except Exception:
+            return _error(400, "the request body must be a JSON object", "invalid_request_error")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object", "invalid_request_error")
+        try:
+            return web.json_response(await handler(body))
+        except BadRequest as e:
+            return _error(400, str(e), "invalid_request_error")
+        except _EngineError as e:
+            kind = "invalid_request_error" if e.status == 400 else "engine_error"
+            return _error(e.status, str(e), kind)
+
+    return endpoint
+
+
+def build_app(
+    engine: Engine, *, model_name: str, tokenizer=None, max_context: int | None = None
+) -> web.Application:
+    """An aiohttp application serving ``engine`` under ``model_name``.
+
+    ``tokenizer`` enables text prompts, text in responses and chat completions; ``max_context``
+    (default: the engine's ``max_context``) rejects prompts that cannot fit with HTTP 400.
+    """
+    handlers = _Handlers(engine, model_name, tokenizer, max_context)
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_get("/health", handlers.health)
+    app.router.add_get("/v1/models", handlers.models)
+    app.router.add_post("/v1/completions", _json_endpoint(handlers.completions))
+    app.router.add_post("/v1/chat/completions", _json_endpoint(handlers.chat_completions))
+    return app
+
+
+async def start_server(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, int]:
+    """Start ``app`` on the running event loop; return the runner (``await runner.cleanup()`` to
+    stop) and the bound port (``port=0`` picks a free one)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner, runner.addresses[0][1]

@@ -1,0 +1,201 @@
+"""HFEngine: continuous batching, exact log-probs, seeding, stops, bad input, weight updates."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agent_r1.models.tiny import save_tiny_checkpoint
+from agent_r1.rollout import Engine, HFEngine
+from agent_r1.rollout.sampling import sample_next_tokens
+from agent_r1.types import Completion, SamplingParams, StopReason
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(model, tiny_tokenizer):
+    return HFEngine(model, tokenizer=tiny_tokenizer, max_batch_size=8)
+
+
+def learner_logprobs(model, prompt, completion: Completion, temperature: float) -> torch.Tensor:
+    """The learner's recomputation: one unpadded forward over prompt + response."""
+    ids = torch.tensor([list(prompt) + list(completion.token_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    scaled = logits / (temperature or 1.0)
+    positions = torch.arange(len(prompt) - 1, ids.shape[1] - 1)
+    return scaled.log_softmax(-1)[positions, ids[0, len(prompt) :]]
+
+
+def prompt(n: int, start: int = 10) -> list[int]:
+    return [start + (i * 7) % 200 for i in range(n)]
+
+
+def test_is_an_engine(engine):
+    assert isinstance(engine, Engine)
+
+
+def test_logprobs_match_learner_recomputation_under_padding_and_joins(engine, model):
+    """Rows of different lengths share a left-padded batch and join while others decode; each
+    row's log-probs equal an unpadded forward over its own tokens (fp32, 1e-4)."""
+    first = [
+        (prompt(3), SamplingParams(temperature=1.0, max_tokens=30, seed=1)),
+        (prompt(41, 3), SamplingParams(temperature=0.7, max_tokens=25, seed=2)),
+        (prompt(17, 5), SamplingParams(temperature=0.0, max_tokens=20)),
+    ]
+    later = [
+        (prompt(9, 8), SamplingParams(temperature=1.3, top_k=20, max_tokens=15, seed=3)),
+        (prompt(60, 1), SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=4)),
+    ]
+
+    async def main():
+        early = [asyncio.create_task(engine.generate(p, sp)) for p, sp in first]
+        await asyncio.sleep(0.05)  # the first rows are decoding when the others arrive
+        rest = [asyncio.create_task(engine.generate(p, sp)) for p, sp in later]
+        return await asyncio.gather(*early, *rest)
+
+    completions = asyncio.run(main())
+    for (p, sp), c in zip(first + later, completions, strict=True):
+        assert c.error is None and len(c.token_ids) >= 1
+        gap = (learner_logprobs(model, p, c, sp.temperature) - torch.tensor(c.logprobs)).abs().max()
+        assert gap < 1e-4, (sp, float(gap))
+
+
+def test_short_request_does_not_wait_for_the_longest(model):
+    engine = HFEngine(model, eos_token_ids=())
+    finished: list[str] = []
+
+    async def run(name, n_tokens, delay):
+        await asyncio.sleep(delay)
+        c = await engine.generate(prompt(8), SamplingParams(max_tokens=n_tokens, seed=0))
+        finished.append(name)
+        return c
+
+    async def main():
+        return await asyncio.gather(run("long", 120, 0), run("short", 4, 0.02))
+
+    long, short = asyncio.run(main())
+    assert finished == ["short", "long"]
+    assert (len(long.token_ids), len(short.token_ids)) == (120, 4)
+    assert long.finish_reason is StopReason.LENGTH
+
+
+def test_seeded_request_does_not_depend_on_its_batch(engine):
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=1234)
+
+    async def alone():
+        return await engine.generate(prompt(12), params)
+
+    async def crowded():
+        others = [engine.generate(prompt(5 + i, i), SamplingParams(max_tokens=30)) for i in range(6)]
+        results = await asyncio.gather(engine.generate(prompt(12), params), *others)
+        return results[0]
+
+    a, b = asyncio.run(alone()), asyncio.run(crowded())
+    assert a.token_ids == b.token_ids
+    assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+    other_seed = asyncio.run(engine.generate(prompt(12), SamplingParams(max_tokens=24, seed=99)))
+    assert other_seed.token_ids != a.token_ids
+
+
+def test_stop_token_and_stop_string(engine, tiny_tokenizer):
+    greedy = SamplingParams(temperature=0.0, max_tokens=20)
+    base = asyncio.run(engine.generate(prompt(15), greedy))
+    stop_token = base.token_ids[5]
+    first = base.token_ids.index(stop_token)
+    by_token = asyncio.run(
+        engine.generate(
+            prompt(15), SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=(stop_token,))
+        )
+    )
+    assert by_token.finish_reason is StopReason.STOP
+    assert by_token.token_ids == base.token_ids[: first + 1]
+
+    stop_text = tiny_tokenizer.decode(base.token_ids[6:8])
+    by_text = asyncio.run(
+        engine.generate(prompt(15), SamplingParams(temperature=0.0, max_tokens=20, stop=(stop_text,)))
+    )
+    assert by_text.finish_reason is StopReason.STOP
+    assert by_text.text.endswith(stop_text) and by_text.text.count(stop_text) == 1
+    assert len(by_text.token_ids) <= 8
+
+
+def test_bad_requests_fail_alone(model, tiny_tokenizer):
+    engine = HFEngine(model, tokenizer=tiny_tokenizer, max_context=64)
+
+    async def main():
+        return await asyncio.gather(
+            engine.generate(prompt(70), SamplingParams(max_tokens=4)),  # longer than the context
+            engine.generate([], SamplingParams(max_tokens=4)),
+            engine.generate([5, 10**6], SamplingParams(max_tokens=4)),  # outside the vocabulary
+            engine.generate(prompt(50), SamplingParams(max_tokens=30)),  # runs into the context
+            engine.generate(prompt(10), SamplingParams(max_tokens=6)),
+        )
+
+    too_long, empty, out_of_vocab, fills_context, good = asyncio.run(main())
+    assert too_long.finish_reason is StopReason.LENGTH and "context" in too_long.error
+    assert empty.finish_reason is StopReason.ABORT and "empty" in empty.error
+    assert out_of_vocab.finish_reason is StopReason.ABORT and "vocabulary" in out_of_vocab.error
+    assert fills_context.finish_reason is StopReason.LENGTH and len(fills_context.token_ids) == 14
+    assert good.error is None and len(good.token_ids) >= 1
+    no_tokenizer = HFEngine(model)
+    stop_strings = asyncio.run(no_tokenizer.generate(prompt(5), SamplingParams(stop=("x",))))
+    assert stop_strings.finish_reason is StopReason.ABORT and "tokenizer" in stop_strings.error
+
+
+def test_cancelled_request_leaves_the_others_running(model):
+    engine = HFEngine(model, eos_token_ids=())
+
+    async def main():
+        doomed = asyncio.create_task(engine.generate(prompt(8), SamplingParams(max_tokens=500)))
+        survivor = asyncio.create_task(engine.generate(prompt(9), SamplingParams(max_tokens=40)))
+        await asyncio.sleep(0.05)
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        return await survivor
+
+    survivor = asyncio.run(main())
+    assert len(survivor.token_ids) == 40
+    assert all(r.params.max_tokens != 500 for r in engine._batch.requests)  # the cancelled row left
+
+
+def test_update_weights_in_place(tiny_checkpoint, tmp_path, model):
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    engine = HFEngine(fresh)
+    other = AutoModelForCausalLM.from_pretrained(save_tiny_checkpoint(tmp_path / "b", seed=1)).eval()
+    params = SamplingParams(max_tokens=10, seed=5)
+    before = asyncio.run(engine.generate(prompt(12), params))
+    engine.update_weights(other.state_dict().items(), version=3)
+    after = asyncio.run(engine.generate(prompt(12), params))
+    assert engine.weight_version == 3
+    assert (learner_logprobs(other, prompt(12), after, 1.0) - torch.tensor(after.logprobs)).abs().max() < 1e-4
+    assert (
+        learner_logprobs(model, prompt(12), before, 1.0) - torch.tensor(before.logprobs)
+    ).abs().max() < 1e-4
+    with pytest.raises(KeyError, match="no_such.weight"):
+        engine.update_weights([("no_such.weight", torch.zeros(1))])
+
+
+def test_sampler_logprobs_ignore_truncation():
+    torch.manual_seed(0)
+    logits_BV = torch.randn(4, 50)
+    params = [
+        SamplingParams(temperature=0.5, top_k=1),
+        SamplingParams(temperature=2.0, top_p=1e-6),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, top_k=5, top_p=0.5),
+    ]
+    tokens_B, logprobs_B = sample_next_tokens(logits_BV, params, [None] * 4)
+    assert tokens_B[:3].tolist() == logits_BV[:3].argmax(-1).tolist()  # truncated to the best token
+    assert tokens_B[3] in logits_BV[3].topk(5).indices
+    temperatures = torch.tensor([0.5, 2.0, 1.0, 1.0])
+    expected = (logits_BV / temperatures[:, None]).log_softmax(-1).gather(1, tokens_B[:, None]).squeeze(1)
+    torch.testing.assert_close(logprobs_B, expected)

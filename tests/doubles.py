@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 
 from agent_r1.types import Completion, SamplingParams, StopReason
@@ -47,43 +46,3 @@ class ScriptedEngine:
 
     def update_weights(self, named_tensors, version=None) -> None:
         raise NotImplementedError("ScriptedEngine has no weights")
-
-
-class ForwardPassEngine:
-    """TEST DOUBLE for ``agent_r1.rollout.base.Engine`` over a real Hugging Face causal LM: one request
-    at a time, one token per forward pass (with the model's KV cache), no batching — slow, but plainly
-    correct. Log-probs are ``log_softmax(logits / temperature)`` of the sampled tokens, as the contract
-    says. Stops on ``eos_token_id``, ``params.stop_token_ids`` or ``max_tokens``.
-    """
-
-    def __init__(self, model, eos_token_id: int) -> None:
-        self.model = model.eval()
-        self.eos_token_id = eos_token_id
-        forward_parameters = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in forward_parameters else "past_key_values"
-
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        import torch
-        from transformers import DynamicCache
-
-        if params.greedy:
-            raise ValueError("ForwardPassEngine only samples: use temperature > 0")
-        generator = torch.Generator().manual_seed(params.seed if params.seed is not None else len(prompt_ids))
-        stops = {self.eos_token_id, *params.stop_token_ids}
-        tokens, logprobs, reason = [], [], StopReason.LENGTH
-        cache = {self._cache_kwarg: DynamicCache()}  # filled in place by each forward pass
-        with torch.no_grad():
-            logits_1TV = self.model(torch.tensor([list(prompt_ids)]), use_cache=True, **cache).logits
-            for _ in range(params.max_tokens):
-                logprobs_V = torch.log_softmax(logits_1TV[0, -1].float() / params.temperature, dim=-1)  # (V,)
-                token = int(torch.multinomial(logprobs_V.exp(), 1, generator=generator))
-                tokens.append(token)
-                logprobs.append(float(logprobs_V[token]))
-                if token in stops:
-                    reason = StopReason.STOP
-                    break
-                logits_1TV = self.model(torch.tensor([[token]]), use_cache=True, **cache).logits
-        return Completion(tokens, logprobs, reason)
-
-    def update_weights(self, named_tensors, version=None) -> None:
-        raise NotImplementedError("ForwardPassEngine serves a fixed model")

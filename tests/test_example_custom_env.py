@@ -64,3 +64,9 @@ def test_scripted_binary_search_wins_and_bad_answers_cost(custom_env, tiny_token
     for lost in group.trajectories:
         assert len(lost.steps) == 7 and lost.steps[-1].truncated and lost.info == {"success": False}
         assert lost.total_reward == pytest.approx(-0.7)
+
+
+def test_example_main_rolls_out_the_tiny_model(custom_env, capsys):
+    custom_env.main()  # check_env, then 4 episodes with the tiny Qwen2 served by HFEngine
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and all(line.startswith(("ok:", "truncated:")) for line in lines), lines

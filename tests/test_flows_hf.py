@@ -1,5 +1,5 @@
 """Flows with a real model: the tiny Qwen2 built from config, saved, reloaded with from_pretrained and
-sampled by the ForwardPassEngine test double (tests/doubles.py). Checks token-in/token-out end to
+served by HFEngine (continuous batching). Checks token-in/token-out end to
 end: every prompt extends the previous prompt+response by the exact sampled ids, and the stored
 log-probs are the model's own."""
 
@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 import torch
-from doubles import ForwardPassEngine
 from transformers import AutoModelForCausalLM
 
 from agent_r1.envs import ToolEnv
 from agent_r1.flows import AgentEnvLoop, rollout_group
+from agent_r1.rollout.hf import HFEngine
 from agent_r1.tools import ParsedResponse, ToolCall, ToolCallFormat, tool
 from agent_r1.types import SamplingParams, TrajectoryStatus
 
@@ -47,14 +47,19 @@ def model(tiny_checkpoint):
 
 
 def test_tool_env_append_with_a_real_model_keeps_exact_ids_and_logprobs(model, tiny_tokenizer):
-    engine = ForwardPassEngine(model, tiny_tokenizer.eos_token_id)
+    engine = HFEngine(model, tokenizer=tiny_tokenizer)
     params = SamplingParams(max_tokens=12, temperature=1.0)
 
     def env():
         return ToolEnv(tiny_tokenizer, [echo], format=EveryResponseCallsEcho(), max_turns=3)
 
     flow = AgentEnvLoop(env, tiny_tokenizer, params, max_steps=5)
-    group = asyncio.run(rollout_group(flow, engine, {"id": "e", "prompt": "Say hi.", "answer": "hi"}, 2, "g"))
+    try:
+        group = asyncio.run(
+            rollout_group(flow, engine, {"id": "e", "prompt": "Say hi.", "answer": "hi"}, 3, "g")
+        )
+    finally:
+        engine.close()
     for trajectory in group.trajectories:
         assert trajectory.status is TrajectoryStatus.OK, trajectory.error
         steps = trajectory.steps

@@ -128,6 +128,23 @@ def test_a_prompt_over_the_limit_truncates_or_raises(tiny_tokenizer):
         AgentEnvLoop(factory, tiny_tokenizer, PARAMS, on_prompt_overflow="drop")
 
 
+def test_an_engine_with_a_full_context_truncates_or_raises(tiny_tokenizer):
+    full = Completion((), (), StopReason.LENGTH, error="prompt has 900 tokens; the model's context is 512")
+    engine = ScriptedEngine(
+        tiny_tokenizer, lambda prompt: full if "<tool_response>" in prompt else call("add", a=1, b=2)
+    )
+    trajectory = asyncio.run(
+        AgentEnvLoop(tool_env_factory(tiny_tokenizer), tiny_tokenizer, PARAMS).run(engine, TASK)
+    )
+    assert trajectory.status is TrajectoryStatus.TRUNCATED and len(trajectory.steps) == 1
+    assert "the model's context is 512" in trajectory.info["truncated"]
+    strict = AgentEnvLoop(
+        tool_env_factory(tiny_tokenizer), tiny_tokenizer, PARAMS, on_prompt_overflow="raise"
+    )
+    with pytest.raises(PromptTooLongError, match="no room for a response"):
+        asyncio.run(strict.run(engine, TASK))
+
+
 def test_max_tokens_is_capped_so_prompt_and_response_fit(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, ["x" * 500])
     factory = tool_env_factory(tiny_tokenizer)

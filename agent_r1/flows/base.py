@@ -126,6 +126,16 @@ class _PromptLimits:
             raise PromptTooLongError(reason)
         return reason
 
+    def refused(self, completion: Completion) -> str | None:
+        """Why the engine could not serve the prompt (no tokens, LENGTH: its context is full), or None.
+        Raises in 'raise' mode."""
+        if completion.token_ids or completion.finish_reason is not StopReason.LENGTH:
+            return None
+        reason = f"the engine has no room for a response: {completion.error or 'context full'}"
+        if self.on_prompt_overflow == "raise":
+            raise PromptTooLongError(reason)
+        return reason
+
     def params_for(self, n_prompt: int) -> SamplingParams:
         """The sampling params, ``max_tokens`` capped so that prompt + response fits ``max_total_tokens``."""
         if self.max_total_tokens is None:
@@ -178,6 +188,11 @@ class SingleStepFlow(AgentFlow):
         start = time.perf_counter()
         completion = await _generate(engine, prompt_ids, self.limits.params_for(len(prompt_ids)))
         generate_s = time.perf_counter() - start
+        refused = self.limits.refused(completion)
+        if refused:
+            return Trajectory(
+                task_id(task), (), status=TrajectoryStatus.TRUNCATED, info={"truncated": refused}
+            )
         text = decode_response(self.tokenizer, completion)
         reward = float(self.reward_fn(text, task))
         step = Step(
@@ -201,8 +216,9 @@ class AgentEnvLoop(AgentFlow):
     - Ends when the env reports ``terminated`` or ``truncated`` (status OK), or after ``max_steps``
       steps (status OK, the last step marked ``truncated``: a time limit outside the MDP).
     - A prompt with more than ``max_prompt_tokens`` tokens (or no room left under
-      ``max_total_tokens``) ends the trajectory with status TRUNCATED (``on_prompt_overflow="truncate"``,
-      the default) or raises ``PromptTooLongError`` (``"raise"``).
+      ``max_total_tokens``, or one the engine answers with no tokens and LENGTH: its context is full)
+      ends the trajectory with status TRUNCATED (``on_prompt_overflow="truncate"``, the default) or
+      raises ``PromptTooLongError`` (``"raise"``).
     - ``max_tokens`` is capped per step so that prompt + response fits ``max_total_tokens``.
     - Each Step carries ``timings = {"generate": s, "env_step": s}``.
     - An exception in the env (reset/step/close) or the engine ends the trajectory with status ERROR,
@@ -250,6 +266,11 @@ class AgentEnvLoop(AgentFlow):
                 start = time.perf_counter()
                 completion = await _generate(engine, prompt_ids, self.limits.params_for(len(prompt_ids)))
                 generate_s = time.perf_counter() - start
+                refused = self.limits.refused(completion)
+                if refused:
+                    status = TrajectoryStatus.TRUNCATED
+                    info["truncated"] = refused
+                    break
                 text = decode_response(self.tokenizer, completion)
                 action = Action(text, completion.token_ids, completion.finish_reason)
                 start = time.perf_counter()

@@ -210,12 +210,41 @@ def test_kl_to_a_reference_model_is_reported(tiny_checkpoint, tmp_path):
 
 
 def test_config_errors_name_the_key(tiny_checkpoint, tmp_path):
-    with pytest.raises(ConfigError, match="algorithm.advantage.*needs a critic"):
-        Trainer(
-            _config(tiny_checkpoint, tmp_path, algorithm={"advantage": "gae_token"}), train_tasks=tasks(2)
-        )
     with pytest.raises(ConfigError, match="'env.name'"):
         Trainer(_config(tiny_checkpoint, tmp_path, env={"name": ""}), train_tasks=tasks(2))
     config_file = tmp_path / "bad.yaml"
     config_file.write_text("trainer:\n  stepz: 3\n")
     assert main(["train", str(config_file)]) == 2
+
+
+@pytest.mark.parametrize("estimator", ["gae_token", "gae_step"])
+def test_critic_estimators_train_a_value_head_and_resume_it(tiny_checkpoint, tmp_path, estimator):
+    config = _config(
+        tiny_checkpoint,
+        tmp_path,
+        algorithm={"advantage": estimator, "gamma": 0.9, "lam": 0.95},
+        rollout={"n": 2},
+        trainer={
+            "steps": 2,
+            "tasks_per_step": 2,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "mini_batches": 1,
+            "critic_lr": 1e-2,
+        },
+        logging={"tensorboard": False, "dump_trajectories": False},
+    )
+    trainer = Trainer(config, train_tasks=tasks(4))
+    head_before = trainer.critic.model.head.weight.detach().clone()
+    final = trainer.fit()
+    assert final["update/skipped"] == 0 and final["critic/update_skipped"] == 0
+    assert final["loss/value"] > 0 and "critic/value_error" in final
+    assert not torch.equal(trainer.critic.model.head.weight, head_before)
+    resumed = Trainer(
+        replace(config, trainer=replace(config.trainer, steps=3)), train_tasks=tasks(4), resume=True
+    )
+    resumed._restore()
+    resumed.close()
+    for name, tensor in trainer.critic.model.state_dict().items():
+        assert torch.equal(resumed.critic.model.state_dict()[name], tensor), name
+    assert resumed.critic.optimizer_steps == trainer.critic.optimizer_steps == 2

@@ -30,6 +30,7 @@ from agent_r1.train.config import ModelConfig, TrainerConfig
 
 __all__ = [
     "Learner",
+    "Forward",
     "MiniBatch",
     "TokenLoss",
     "load_policy",
@@ -88,6 +89,10 @@ def micro_batch_logprobs(
     return logprobs_K, entropy_K
 
 
+Forward = Callable[..., tuple[Tensor, Tensor | None]]
+"""``(model, micro_batch, temperature, *, with_entropy=False) -> (outputs_K, entropy_K | None)``: the
+per-token outputs a learner trains (log-probs for the policy, ``micro_batch_values`` for a critic)."""
+
 TokenLoss = Callable[[Tensor, Tensor | None, Mapping[str, Tensor]], tuple[Tensor, dict[str, float]]]
 """``(logprobs_K, entropy_K, tokens) -> (loss_K, stats)``: the per-token loss of a micro-batch's tokens,
 given their new log-probs, entropies (or None) and the batch's per-token fields gathered to them
@@ -119,10 +124,12 @@ def lr_lambda(config: TrainerConfig, total_steps: int) -> Callable[[int], float]
 
 
 class Learner:
-    """Owns the policy's optimizer and schedule; computes log-probs and applies updates.
+    """Owns a model's optimizer and schedule; computes its per-token outputs and applies updates.
 
     ``reference``: a frozen reference model, or None (with LoRA the reference is the adapter-disabled
-    policy and needs no second model).
+    policy and needs no second model). ``forward``: what the model computes per scored token,
+    ``micro_batch_logprobs`` (the policy, default) or ``agent_r1.train.critic.micro_batch_values``
+    (a critic; ``logprobs`` then returns values and the token loss receives them).
     """
 
     def __init__(
@@ -133,8 +140,10 @@ class Learner:
         temperature: float,
         total_optimizer_steps: int,
         reference=None,
+        forward: Forward | None = None,
     ) -> None:
         self.model = model
+        self.forward = forward or micro_batch_logprobs
         self.config = config
         self.temperature = temperature
         self.reference = reference
@@ -169,7 +178,7 @@ class Learner:
         adapter_off = self.model.disable_adapter() if reference and self.reference is None else None
         with adapter_off or contextlib.nullcontext():
             for mb in micro_batches:
-                logprobs_K, _ = micro_batch_logprobs(model, mb, self.temperature)
+                logprobs_K, _ = self.forward(model, mb, self.temperature)
                 out_K[mb.flat_index_K] = logprobs_K.float().cpu()
         return out_K
 
@@ -190,7 +199,7 @@ class Learner:
                 weights_K = mini_batch.weights[mb.flat_index_K].to(device)
                 if not bool((weights_K != 0).any()):
                     continue
-                logprobs_K, entropy_K = micro_batch_logprobs(
+                logprobs_K, entropy_K = self.forward(
                     self.model, mb, self.temperature, with_entropy=with_entropy
                 )
                 tokens = {name: t[mb.flat_index_K].to(device) for name, t in mini_batch.tokens.items()}

@@ -23,8 +23,8 @@ Choices, and where they come from:
 - **Reproducibility**: each request gets a sampling seed derived from (run seed, step, prompt,
   occurrence), each step's tasks are a pure function of (seed, step) and mini-batches are shuffled by
   a generator seeded per step, so a resumed run continues exactly like an uninterrupted one.
-- Critic-based estimators (``gae_token``, ``gae_step``) need a value model, which this trainer does not
-  build yet; selecting one is a config error.
+- **Critic** (``gae_token``, ``gae_step`` only): a value head on its own copy of the policy body
+  (``agent_r1.train.critic``), trained after the policy on each mini-batch with the clipped value loss.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from agent_r1.algos import (
     PolicyLossConfig,
     StepTable,
     aggregation_weights,
+    clipped_value_loss,
     compute_advantages,
     get_policy_loss,
     kl_penalty,
@@ -188,12 +189,6 @@ class Trainer:
     ) -> None:
         self.config = config
         algo, rollout, trainer = config.algorithm, config.rollout, config.trainer
-        if algo.advantage in CRITIC_ESTIMATORS:
-            raise ConfigError(
-                "algorithm.advantage",
-                f"{algo.advantage!r} needs a critic, which this trainer does "
-                "not build yet; use grpo, rloo, reinforce_pp, reinforce_pp_baseline or step_grpo",
-            )
         if trainer.torch_threads:
             torch.set_num_threads(trainer.torch_threads)
         torch.manual_seed(trainer.seed)
@@ -254,6 +249,17 @@ class Trainer:
             total_optimizer_steps=total_updates,
             reference=reference,
         )
+        self.critic = None
+        if algo.advantage in CRITIC_ESTIMATORS:
+            from agent_r1.train.critic import load_critic, micro_batch_values
+
+            self.critic = Learner(
+                load_critic(replace(config.model, path=self._base_path())),
+                replace(trainer, lr=trainer.critic_lr),
+                temperature=rollout.temperature,
+                total_optimizer_steps=total_updates,
+                forward=micro_batch_values,
+            )
         self.policy_loss = get_policy_loss(algo.policy_loss)
         self.policy_loss_config = PolicyLossConfig(
             clip_low=algo.clip_low, clip_high=algo.clip_high, tis_cap=algo.tis_cap
@@ -482,15 +488,26 @@ class Trainer:
             tokens["old_logprobs"] = tokens["sampler_logprobs"]
         if self.config.algorithm.kl_coef > 0:
             tokens["ref_logprobs"] = self.learner.logprobs(all_micro_batches, num_tokens, reference=True)
+        if self.critic is not None:
+            tokens["old_values"] = self.critic.logprobs(all_micro_batches, num_tokens)
+            first_token = torch.zeros(num_tokens)
+            first_token[[o for o, s in zip(rows.offsets, rows.steps, strict=True) if s.response_ids]] = 1.0
+            step_level = self.config.algorithm.advantage == "gae_step"
+            tokens["value_mask"] = first_token if step_level else tokens["mask"]
         return StepBatch(groups, trajectories, rows, sequences, tokens, valid_NL)
 
     def advantages(self, batch: StepBatch) -> Tensor:
-        """Phase 5: the configured estimator on the step table; returns advantages (N, L)."""
+        """Phase 5: the configured estimator on the step table; returns advantages (N, L) (and, with a
+        critic, stores the value targets in ``batch.tokens["returns"]``)."""
         table = StepTable.from_groups(batch.groups)
         table = replace(table, old_logprobs=batch.to_padded(batch.tokens["old_logprobs"]))
-        advantages_NL = compute_advantages(
-            table, self.config.algorithm.advantage, self.advantage_config
-        ).advantages
+        if self.critic is not None:
+            values_NL = batch.to_padded(batch.tokens["old_values"])
+            table = replace(table, token_values=values_NL, step_values=values_NL[:, 0])
+        output = compute_advantages(table, self.config.algorithm.advantage, self.advantage_config)
+        advantages_NL = output.advantages
+        if self.critic is not None:
+            batch.tokens["returns"] = output.returns[batch.valid_NL]
         if self.config.algorithm.normalize_advantages:
             live = table.response_mask > 0
             values = advantages_NL[live]
@@ -529,6 +546,8 @@ class Trainer:
                 micro_batches = make_micro_batches(sequences, batch.rows, cfg.micro_batch_tokens)
                 mini = MiniBatch(micro_batches, weights, {**tokens, "mask": mask})
                 history.append(self.learner.update(mini, self._token_loss, with_entropy=True))
+                if self.critic is not None:
+                    history[-1].update(self._update_critic(tokens, in_mini, micro_batches))
         metrics = {key: _mean([h[key] for h in history if key in h]) for key in history[0]}
         metrics["update/skipped"] = sum(h["update/skipped"] for h in history)
         metrics["train/tokens"] = float(count_tokens(batch.sequences))
@@ -536,6 +555,34 @@ class Trainer:
             sum(len(s.prompt_ids) + len(s.response_ids) for s in batch.rows.steps)
         )
         return metrics
+
+    def _update_critic(self, tokens: dict[str, Tensor], in_mini: Tensor, micro_batches) -> dict[str, float]:
+        """The critic's step on the same mini-batch: clipped value loss on the estimator's returns."""
+        algo = self.config.algorithm
+        value_mask = tokens["value_mask"] * in_mini
+        weights = algo.value_coef * aggregation_weights(
+            value_mask,
+            algo.loss_aggregation,
+            seq_ids=tokens["seq_ids"],
+            norm_len=float(self.config.rollout.max_tokens),
+        )
+
+        def value_loss(values_K, _, tok):
+            loss_K, stats = clipped_value_loss(
+                values_K, tok["old_values"], tok["returns"], tok["value_mask"], clip=algo.value_clip
+            )
+            return loss_K, {f"critic/{name}": float(v) for name, v in stats.items()}
+
+        metrics = self.critic.update(
+            MiniBatch(micro_batches, weights, {**tokens, "value_mask": value_mask}), value_loss
+        )
+        renamed = {
+            "loss/policy": "loss/value",
+            "grad_norm": "critic/grad_norm",
+            "lr": "critic/lr",
+            "update/skipped": "critic/update_skipped",
+        }
+        return {renamed.get(k, k): v for k, v in metrics.items()}
 
     def _token_loss(self, logprobs_K: Tensor, entropy_K: Tensor | None, tokens: Mapping[str, Tensor]):
         algo = self.config.algorithm
@@ -644,6 +691,11 @@ class Trainer:
     def save_checkpoint(self, step: int) -> Path:
         assert self.run_dir is not None
         trainer_state = {"rng": rng_state(), "policy_version": self.policy_version}
+        if self.critic is not None:
+            trainer_state["critic"] = {
+                "model": self.critic.model.state_dict(),
+                "learner": self.critic.state_dict(),
+            }
         return save_checkpoint(
             self.run_dir.checkpoints,
             step,
@@ -660,6 +712,9 @@ class Trainer:
             return 0
         learner_state, trainer_state = load_checkpoint(checkpoint, self.model)
         self.learner.load_state_dict(learner_state)
+        if self.critic is not None:
+            self.critic.model.load_state_dict(trainer_state["critic"]["model"])
+            self.critic.load_state_dict(trainer_state["critic"]["learner"])
         set_rng_state(trainer_state["rng"])
         self.policy_version = trainer_state["policy_version"] - 1
         self.sync_weights()

@@ -1,0 +1,68 @@
+"""The critic for the GAE estimators: a value head on a copy of the policy's transformer body.
+
+``ValueModel`` = the base model (``AutoModel``, no LM head) + ``Linear(hidden, 1)``, initialised from
+the policy checkpoint with a zero head (as in PPO for RLHF: Ouyang et al. 2022, arXiv 2203.02155; the
+value starts at 0 and is learned). The value of the prefix before each response token is read from
+the hidden state at the position whose logits predict that token, the same positions the policy's
+log-probs use (``MicroBatch.logit_positions_K``), so:
+
+- ``gae_token`` reads ``token_values``: one value per response token, V(s) before the token;
+- ``gae_step`` reads ``step_values``: the value before the step's first response token, i.e. of the
+  step's prompt (the MDP state), and the critic is trained on that position only.
+
+The critic has its own AdamW (``trainer.critic_lr``) and trains with PPO's clipped value loss
+(``algorithm.value_clip``) on the estimator's returns, mini-batch by mini-batch after the policy.
+Deviation from shared-body actor-critics: no parameters are shared with the policy, so
+``algorithm.value_coef`` scales the critic's own loss only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from agent_r1.train.batching import MicroBatch
+from agent_r1.train.config import ModelConfig
+
+__all__ = ["ValueModel", "load_critic", "micro_batch_values"]
+
+
+class ValueModel(nn.Module):
+    def __init__(self, body: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        hidden_BTH = self.body(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        return self.head(hidden_BTH.to(self.head.weight.dtype))[..., 0]  # (B, T)
+
+    def save(self, path: str | Path) -> None:
+        torch.save(self.state_dict(), path)
+
+
+def load_critic(config: ModelConfig) -> ValueModel:
+    """A value model initialised from ``config.path`` (fp32 head; body in ``config.dtype``)."""
+    from transformers import AutoModel
+
+    from agent_r1.train.learner import DTYPES
+
+    body = AutoModel.from_pretrained(config.path, dtype=DTYPES[config.dtype])
+    if config.gradient_checkpointing:
+        body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return ValueModel(body, body.config.hidden_size).eval()
+
+
+def micro_batch_values(
+    model: ValueModel, micro_batch: MicroBatch, temperature: float = 1.0, *, with_entropy: bool = False
+) -> tuple[Tensor, None]:
+    """Values (K,) of the prefix before each scored token (``Learner`` forward signature)."""
+    device = next(model.parameters()).device
+    values_1T = model(micro_batch.input_ids_1T.to(device), micro_batch.position_ids_1T.to(device))
+    return values_1T[0, micro_batch.logit_positions_K.to(device)].float(), None

@@ -1,0 +1,280 @@
+"""Rollout actors (each holds one engine) and the driver's pool that feeds them samples and survives deaths.
+
+The unit of work is one sample: ``(task index, sample index)`` of a step. The pool sends every sample of
+a task to the same actor (so the n samples of a group share one seeded engine, exactly as in the
+single-process trainer), collects the trajectories as they finish, and when an actor dies mid-rollout
+(``RayActorError``) it starts a new actor in that slot, gives it the current weights and re-queues
+exactly the samples that had not come back. Every ``(task, sample)`` is in the batch exactly once.
+
+Seeding: an actor seeds requests like ``agent_r1.train.trainer._SeededEngine`` with one counter per
+(step, task), so a Ray rollout samples the same trajectories as the single-process trainer whenever no
+two tasks of a step share a prompt. A re-queued sample gets a fresh seed base (``:retry<k>``): its
+siblings' seeds are not reused, so a restart never duplicates a trajectory.
+
+Versions: weights change only while an actor has no sample in flight (``update_weights`` refuses
+otherwise), so every step of a trajectory is stamped with the one policy version that sampled it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from agent_r1.train.config import TrainConfig
+from agent_r1.types import Task, Trajectory, TrajectoryGroup
+
+__all__ = ["RolloutActor", "RolloutFailure", "RolloutJob", "RolloutPool", "SampleKey", "SampleRequest"]
+
+
+@dataclass(frozen=True, order=True)
+class SampleKey:
+    task_index: int
+    sample_index: int
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One sample to roll out: small and picklable (the actor builds everything heavy itself)."""
+
+    key: SampleKey
+    task: Task
+    group_id: str
+    seed_base: str
+    evaluation: bool = False
+    attempt: int = 0
+
+
+class RolloutFailure(RuntimeError):
+    """Rollout actors kept dying: more restarts in one rollout than ``distributed.max_actor_restarts``."""
+
+
+def build_engine(config: TrainConfig):
+    """The configured engine over the policy weights at ``model.path`` (frozen: it only samples)."""
+    dist = config.distributed
+    if dist.engine == "vllm":
+        from agent_r1.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(config.model.path, dtype=config.model.dtype, **dist.engine_kwargs)
+    from transformers import AutoModelForCausalLM
+
+    from agent_r1.rollout.hf import HFEngine
+    from agent_r1.train.learner import DTYPES
+
+    model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=DTYPES[config.model.dtype])
+    for p in model.parameters():
+        p.requires_grad_(False)
+    kwargs = {"max_batch_size": config.rollout.max_batch_size, **dist.engine_kwargs}
+    return HFEngine(model.eval(), **kwargs)
+
+
+@dataclass
+class _GroupSeeds:
+    """One group's seeded engine on an actor, and how many of its samples have started."""
+
+    engine: Any
+    starts: int = 0
+
+
+class _OrderedSample:
+    """One sample's view of its group's seeded engine. Its first request's position among the group's
+    first requests is the occurrence number the seeded engine gives that (shared) prompt, i.e. the
+    sample's position in the single-process trainer's group; the pool orders groups by it."""
+
+    def __init__(self, group: _GroupSeeds) -> None:
+        self.group = group
+        self.order: int | None = None
+
+    async def generate(self, prompt_ids, params):
+        if self.order is None:
+            self.order = self.group.starts
+            self.group.starts += 1
+        return await self.group.engine.generate(prompt_ids, params)
+
+
+class RolloutActor:
+    """A Ray actor (async: its samples run concurrently in one continuous batch) holding one engine
+    and the configured train / eval flows, all built here from the config."""
+
+    def __init__(self, config: TrainConfig, slot: int) -> None:
+        from agent_r1.distributed.parts import TrainerParts, load_driver_tokenizer
+
+        if config.trainer.torch_threads:
+            import torch
+
+            torch.set_num_threads(config.trainer.torch_threads)
+        self.slot = slot
+        tokenizer = load_driver_tokenizer(config)
+        parts = TrainerParts(config, tokenizer)
+        self.engine = build_engine(config)
+        self.engine.tokenizer = getattr(self.engine, "tokenizer", None) or tokenizer
+        env_factory = parts.env_factory()
+        self.flow = parts.loop(env_factory, parts.sampling)
+        self.eval_flow = parts.loop(env_factory, parts.eval_sampling)
+        self.version = 0
+        self.in_flight = 0
+        self._groups: dict[tuple[str, int, int], _GroupSeeds] = {}
+        self._seed_base = ""
+
+    def ready(self) -> int:
+        return self.slot
+
+    def _engine_for(self, request: SampleRequest) -> _OrderedSample:
+        from agent_r1.train.trainer import _SeededEngine
+
+        if request.seed_base != self._seed_base:
+            self._seed_base, self._groups = request.seed_base, {}
+        key = (request.seed_base, request.key.task_index, request.attempt)
+        if key not in self._groups:
+            engine = _SeededEngine(self.engine)
+            suffix = f":retry{request.attempt}" if request.attempt else ""
+            engine.reseed(f"{request.seed_base}{suffix}")
+            self._groups[key] = _GroupSeeds(engine)
+        return _OrderedSample(self._groups[key])
+
+    async def sample(self, request: SampleRequest) -> tuple[Trajectory, int]:
+        """One trajectory and its start order within its group on this actor; a failing flow becomes
+        an ERROR trajectory (as in ``rollout_group``)."""
+        from agent_r1.flows.base import rollout_group
+
+        flow = self.eval_flow if request.evaluation else self.flow
+        version = self.version
+        engine = self._engine_for(request)
+        self.in_flight += 1
+        try:
+            group = await rollout_group(flow, engine, request.task, 1, request.group_id)
+        finally:
+            self.in_flight -= 1
+        (trajectory,) = group.trajectories
+        steps = tuple(replace(s, policy_version=version) for s in trajectory.steps)
+        return replace(trajectory, steps=steps), engine.order if engine.order is not None else -1
+
+    def update_weights(self, named_tensors: Sequence[tuple[str, Any]], version: int) -> int:
+        if self.in_flight:
+            raise RuntimeError(
+                f"rollout actor {self.slot}: weights must not change while {self.in_flight} samples "
+                "are in flight (each trajectory is sampled by one policy version)"
+            )
+        self.engine.update_weights(named_tensors, version)
+        self.version = version
+        return version
+
+
+@dataclass
+class RolloutJob:
+    """Samples submitted to the pool and not yet collected."""
+
+    tasks: list[Task]
+    n: int
+    pending: dict[Any, tuple[SampleRequest, int, int]] = field(
+        default_factory=dict
+    )  # ref -> (req, slot, gen)
+    done: dict[SampleKey, Trajectory] = field(default_factory=dict)
+    order: dict[SampleKey, tuple[int, int, int]] = field(default_factory=dict)  # position in its group
+    requeued: list[SampleKey] = field(default_factory=list)
+
+
+class RolloutPool:
+    """The driver's handle on ``distributed.num_rollout_actors`` rollout actors."""
+
+    def __init__(self, config: TrainConfig, runtime_env: dict | None = None) -> None:
+        dist = config.distributed
+        self.config = config
+        self._remote = ray.remote(RolloutActor).options(
+            num_cpus=dist.rollout_num_cpus,
+            num_gpus=dist.rollout_num_gpus,
+            max_restarts=0,
+            max_concurrency=1000,
+            runtime_env=runtime_env,
+        )
+        self.actors = [self._remote.remote(config, slot) for slot in range(dist.num_rollout_actors)]
+        self.generations = [0] * dist.num_rollout_actors
+        self.restarts = 0
+        self._weights: tuple[Any, int] | None = None  # (object ref of the named tensors, version)
+        ray.get([a.ready.remote() for a in self.actors])
+
+    def _restart(self, slot: int) -> None:
+        self.actors[slot] = self._remote.remote(self.config, slot)
+        self.generations[slot] += 1
+        self.restarts += 1
+        ray.get(self.actors[slot].ready.remote())
+        if self._weights is not None:
+            ray.get(self.actors[slot].update_weights.remote(*self._weights))
+
+    def _send(self, job: RolloutJob, request: SampleRequest) -> None:
+        slot = request.key.task_index % len(self.actors)
+        ref = self.actors[slot].sample.remote(request)
+        job.pending[ref] = (request, slot, self.generations[slot])
+
+    def submit(
+        self,
+        tasks: Sequence[Task],
+        n: int,
+        seed_base: str,
+        *,
+        evaluation: bool = False,
+    ) -> RolloutJob:
+        """Send ``n`` samples of every task; group ids as in ``agent_r1.flows.rollout_groups``."""
+        from agent_r1.envs.context import task_id
+
+        job = RolloutJob(list(tasks), n)
+        for i, task in enumerate(tasks):
+            group_id = f"{i}:{task_id(task)}" if task_id(task) else str(i)
+            for j in range(n):
+                self._send(job, SampleRequest(SampleKey(i, j), task, group_id, seed_base, evaluation))
+        return job
+
+    def collect(
+        self, job: RolloutJob, on_result: Callable[[SampleKey, int], None] | None = None
+    ) -> list[TrajectoryGroup]:
+        """Wait for every sample of ``job``; restart dead actors and re-queue their unfinished samples.
+
+        ``on_result(key, slot)`` is called as each sample arrives (progress reporting; tests use it to
+        kill an actor mid-rollout)."""
+        from agent_r1.envs.context import task_id
+
+        restarts_here = 0
+        while job.pending:
+            (ref,), _ = ray.wait(list(job.pending), num_returns=1)
+            request, slot, generation = job.pending.pop(ref)
+            try:
+                trajectory, order = ray.get(ref)
+            except RayActorError as error:
+                if generation == self.generations[slot]:
+                    restarts_here += 1
+                    if restarts_here > self.config.distributed.max_actor_restarts:
+                        raise RolloutFailure(
+                            f"rollout actor {slot} died {restarts_here} times in one rollout "
+                            f"(distributed.max_actor_restarts = "
+                            f"{self.config.distributed.max_actor_restarts}): {error}"
+                        ) from error
+                    self._restart(slot)
+                job.requeued.append(request.key)
+                self._send(job, replace(request, attempt=request.attempt + 1))
+                continue
+            if request.key in job.done:
+                raise RuntimeError(f"sample {request.key} came back twice")
+            job.done[request.key] = trajectory
+            job.order[request.key] = (request.attempt, order, request.key.sample_index)
+            if on_result is not None:
+                on_result(request.key, slot)
+        groups = []
+        for i, task in enumerate(job.tasks):
+            keys = sorted((SampleKey(i, j) for j in range(job.n)), key=job.order.__getitem__)
+            trajectories = tuple(job.done[k] for k in keys)
+            groups.append(TrajectoryGroup(trajectories[0].group_id, task_id(task), trajectories))
+        return groups
+
+    def update_weights(self, weights_ref: Any, version: int) -> None:
+        """Give every actor the weights behind ``weights_ref`` (an object ref of named tensors, passed
+        through Ray without the driver materialising them); kept for actors started later."""
+        self._weights = (weights_ref, version)
+        ray.get([a.update_weights.remote(weights_ref, version) for a in self.actors])
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

@@ -1,0 +1,178 @@
+"""Scale-out on Ray: a local cluster with rollout actors and gloo learner workers trains the tiny model.
+
+- synchronous Ray training reproduces the single-process trainer (same trajectories, same losses);
+- a rollout actor killed mid-rollout is restarted and exactly its unfinished samples are re-queued;
+- async mode overlaps rollout and update with the staleness bound and records policy versions;
+- a learner worker death stops the run cleanly and ``resume`` continues it exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+from trainer_envs import tasks
+
+from agent_r1.distributed import LearnerFailure, RayTrainer, RolloutPool, actor_runtime_env
+from agent_r1.distributed.rollout_actor import SampleKey
+from agent_r1.train.config import config_from_dict
+from agent_r1.train.trainer import Trainer
+
+pytestmark = pytest.mark.ray
+TESTS = str(Path(__file__).parent)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    temp = tmp_path_factory.mktemp("r")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp), runtime_env=actor_runtime_env([TESTS]))
+    yield
+    ray.shutdown()
+
+
+def _config(tiny_checkpoint, run_dir, *, backend="ray", **sections):
+    data = {
+        "model": {"path": str(tiny_checkpoint)},
+        "env": {"name": "trainer_envs:LowByteEnv"},
+        "rollout": {"n": 4, "max_tokens": 8, "max_steps": 2},
+        "trainer": {
+            "steps": 3,
+            "tasks_per_step": 4,
+            "lr": 3e-3,
+            "run_dir": str(run_dir),
+            "mini_batches": 2,
+            "micro_batch_tokens": 64,
+            "checkpoint_every": 1,
+            "torch_threads": 1,
+        },
+        "logging": {"progress": False, "tensorboard": False},
+        "distributed": {"backend": backend, "num_rollout_actors": 2, "num_learner_workers": 2},
+    }
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    return config_from_dict(data)
+
+
+def _rows(run_dir):
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if "loss/policy" in r}
+
+
+def _dump(run_dir, step):
+    path = Path(run_dir) / "trajectories" / f"step_{step:06d}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def single_and_ray(cluster, tiny_checkpoint, tmp_path_factory):
+    single_dir, ray_dir = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("ray")
+    Trainer(_config(tiny_checkpoint, single_dir, backend="none"), train_tasks=tasks(12)).fit()
+    RayTrainer(_config(tiny_checkpoint, ray_dir), train_tasks=tasks(12)).fit()
+    return single_dir, ray_dir
+
+
+def test_sync_ray_training_matches_the_single_process_trainer(single_and_ray, tiny_checkpoint):
+    single_dir, ray_dir = single_and_ray
+    for step in (1, 2, 3):
+        ours, theirs = _dump(ray_dir, step), _dump(single_dir, step)
+        assert [t["group_id"] for t in ours] == [t["group_id"] for t in theirs]
+        assert [[s["response_ids"] for s in t["steps"]] for t in ours] == [
+            [s["response_ids"] for s in t["steps"]] for t in theirs
+        ]
+        assert {s["policy_version"] for t in ours for s in t["steps"]} == {step - 1}
+    single, distributed = _rows(single_dir), _rows(ray_dir)
+    assert sorted(distributed) == [1, 2, 3]
+    for step in (1, 2, 3):
+        for key in ("loss/policy", "grad_norm", "clip_fraction", "reward/mean"):
+            assert distributed[step][key] == pytest.approx(single[step][key], rel=1e-4, abs=1e-6), (step, key)
+        assert distributed[step]["async/staleness_max"] == 0
+    ours = load_file(Path(ray_dir) / "checkpoints" / "step_000003" / "model" / "model.safetensors")
+    theirs = load_file(Path(single_dir) / "checkpoints" / "step_000003" / "model" / "model.safetensors")
+    first = load_file(Path(tiny_checkpoint) / "model.safetensors")
+    assert any(not torch.equal(first[name], theirs[name]) for name in first)  # training moved the weights
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, atol=1e-5, rtol=1e-4)
+
+
+def test_a_killed_rollout_actor_is_restarted_and_exactly_its_unfinished_samples_requeued(
+    cluster, tiny_checkpoint, tmp_path
+):
+    config = _config(tiny_checkpoint, tmp_path, rollout={"max_batch_size": 1, "max_tokens": 12})
+    pool = RolloutPool(config)
+    try:
+        job = pool.submit(tasks(4), 4, "0:train:1")
+        victim = pool.actors[0]  # holds tasks 0 and 2 (task index modulo 2)
+        finished_before_kill: set[SampleKey] = set()
+
+        def kill_after_first_result(key, slot):
+            if slot == 0 and not finished_before_kill:
+                finished_before_kill.update(job.done)
+                ray.kill(victim)
+
+        groups = pool.collect(job, on_result=kill_after_first_result)
+    finally:
+        pool.shutdown()
+    assert pool.restarts == 1
+    victim_keys = {SampleKey(i, j) for i in (0, 2) for j in range(4)}
+    assert job.requeued, "the kill came after every sample of the actor had finished"
+    assert set(job.requeued) <= victim_keys - finished_before_kill
+    assert set(job.done) == {SampleKey(i, j) for i in range(4) for j in range(4)}
+    assert [len(g.trajectories) for g in groups] == [4, 4, 4, 4]
+    assert [g.group_id for g in groups] == ["0:t0", "1:t1", "2:t2", "3:t3"]
+    for group in groups:
+        assert all(t.status.value == "ok" and len(t.steps) == 2 for t in group.trajectories)
+        responses = [tuple(s.response_ids for s in t.steps) for t in group.trajectories]
+        assert len(set(responses)) == 4  # a re-queued sample is a fresh sample, not a sibling's copy
+
+
+def test_async_mode_overlaps_rollout_and_update_within_the_staleness_bound(
+    cluster, tiny_checkpoint, tmp_path
+):
+    config = _config(
+        tiny_checkpoint,
+        tmp_path,
+        distributed={"mode": "async", "max_staleness": 2, "num_learner_workers": 1},
+        algorithm={"tis_cap": 2.0},
+    )
+    RayTrainer(config, train_tasks=tasks(12)).fit()
+    rows = _rows(tmp_path)
+    # version 0 samples steps 1-3: the engines are refreshed only when staleness would exceed 2
+    assert [rows[s]["async/staleness_max"] for s in (1, 2, 3)] == [0, 1, 2]
+    assert [
+        {s["policy_version"] for t in _dump(tmp_path, step) for s in t["steps"]} for step in (1, 2, 3)
+    ] == [{0}, {0}, {0}]
+    assert all(rows[s]["update/skipped"] == 0 and math.isfinite(rows[s]["loss/policy"]) for s in rows)
+
+
+def test_a_dead_learner_worker_stops_the_run_and_resume_continues_it(
+    cluster, tiny_checkpoint, tmp_path, single_and_ray
+):
+    config = _config(tiny_checkpoint, tmp_path, distributed={"num_rollout_actors": 1})
+    calls = {"n": 0}
+    trainer = None
+
+    def reward_that_kills_a_worker_in_step_2(trajectory, task):
+        calls["n"] += 1
+        if calls["n"] == 16 + 1:  # the first trajectory scored in step 2
+            ray.kill(trainer.learner.workers[1])
+        return trajectory.outcome_reward
+
+    trainer = RayTrainer(config, train_tasks=tasks(12), reward_fn=reward_that_kills_a_worker_in_step_2)
+    with pytest.raises(LearnerFailure, match="worker 1 died.*--resume"):
+        trainer.fit()
+    assert trainer.learner.workers == [] and trainer.rollouts.actors == []
+    assert sorted(_rows(tmp_path)) == [1]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]
+
+    RayTrainer(config, train_tasks=tasks(12), resume=True).fit()
+    resumed, uninterrupted = _rows(tmp_path), _rows(single_and_ray[1])
+    assert sorted(resumed) == [1, 2, 3]
+    for step in (2, 3):  # one rollout actor instead of two: the same seeded samples, the same losses
+        assert resumed[step]["loss/policy"] == pytest.approx(
+            uninterrupted[step]["loss/policy"], rel=1e-4, abs=1e-6
+        )

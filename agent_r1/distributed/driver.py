@@ -82,7 +82,11 @@ class RayTrainer(Trainer):
                 "distributed.backend", f"RayTrainer needs 'ray', got {config.distributed.backend!r}"
             )
         if config.algorithm.advantage in CRITIC_ESTIMATORS:
-            raise ConfigError("algorithm.advantage", f"{config.algorithm.advantage!r} needs a critic")
+            raise ConfigError(
+                "algorithm.advantage",
+                f"{config.algorithm.advantage!r} needs a critic, which the Ray trainer does not place yet; "
+                "use a critic-free estimator (grpo, rloo, reinforce_pp, step_grpo) or distributed.backend: none",
+            )
         self.tokenizer = load_driver_tokenizer(config)
         self.train_tasks = None
         if train_tasks is not None or config.data.train:
@@ -100,6 +104,7 @@ class RayTrainer(Trainer):
         algo = config.algorithm
         self.advantage_config = AdvantageConfig(gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std)
         self.reward_fn = reward_fn
+        self.critic = None
         self.policy_version = 0
         self.engine_version = 0
         self.step = 0

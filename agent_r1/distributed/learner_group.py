@@ -31,7 +31,7 @@ from ray.exceptions import RayActorError
 
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import TrainConfig
-from agent_r1.train.learner import Learner, MiniBatch, load_policy, micro_batch_logprobs
+from agent_r1.train.learner import Learner, MiniBatch, load_policy
 
 __all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
 
@@ -132,7 +132,7 @@ class LearnerWorker:
                 weights_K = mini_batch.weights[mb.flat_index_K].to(device)
                 if not bool((weights_K != 0).any()):
                     continue
-                logprobs_K, entropy_K = micro_batch_logprobs(
+                logprobs_K, entropy_K = learner.forward(
                     model, mb, learner.temperature, with_entropy=with_entropy
                 )
                 tokens = {name: t[mb.flat_index_K].to(device) for name, t in mini_batch.tokens.items()}

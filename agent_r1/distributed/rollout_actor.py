@@ -52,7 +52,7 @@ class RolloutFailure(RuntimeError):
     """Rollout actors kept dying: more restarts in one rollout than ``distributed.max_actor_restarts``."""
 
 
-def build_engine(config: TrainConfig):
+def build_engine(config: TrainConfig, tokenizer):
     """The configured engine over the policy weights at ``model.path`` (frozen: it only samples)."""
     dist = config.distributed
     if dist.engine == "vllm":
@@ -67,7 +67,7 @@ def build_engine(config: TrainConfig):
     model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=DTYPES[config.model.dtype])
     for p in model.parameters():
         p.requires_grad_(False)
-    kwargs = {"max_batch_size": config.rollout.max_batch_size, **dist.engine_kwargs}
+    kwargs = {"max_batch_size": config.rollout.max_batch_size, "tokenizer": tokenizer, **dist.engine_kwargs}
     return HFEngine(model.eval(), **kwargs)
 
 
@@ -109,8 +109,7 @@ class RolloutActor:
         self.slot = slot
         tokenizer = load_driver_tokenizer(config)
         parts = TrainerParts(config, tokenizer)
-        self.engine = build_engine(config)
-        self.engine.tokenizer = getattr(self.engine, "tokenizer", None) or tokenizer
+        self.engine = build_engine(config, tokenizer)
         env_factory = parts.env_factory()
         self.flow = parts.loop(env_factory, parts.sampling)
         self.eval_flow = parts.loop(env_factory, parts.eval_sampling)

@@ -1,0 +1,67 @@
+"""The distributed config section, the example Ray configs and micro-batch sharding (no cluster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_r1.distributed import RayTrainer
+from agent_r1.distributed.learner_group import shard_micro_batches
+from agent_r1.train.batching import MicroBatch
+from agent_r1.train.config import ConfigError, config_from_dict, load_config
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+
+@pytest.mark.parametrize("name", ["ray_arithmetic_grpo.yaml", "ray_multinode_vllm.yaml"])
+def test_example_ray_configs_load(name):
+    config = load_config(CONFIGS / name)
+    assert config.distributed.backend == "ray"
+    # only the distributed section (and the run dir) differs from the single-process recipe
+    if name == "ray_arithmetic_grpo.yaml":
+        single = load_config(CONFIGS / "arithmetic_grpo.yaml")
+        for section in ("model", "data", "env", "rollout"):
+            assert getattr(config, section) == getattr(single, section)
+
+
+def test_async_mode_needs_an_importance_sampling_correction():
+    with pytest.raises(ConfigError, match="distributed.mode.*tis_cap"):
+        config_from_dict({"distributed": {"backend": "ray", "mode": "async"}})
+    config_from_dict({"distributed": {"backend": "ray", "mode": "async"}, "algorithm": {"tis_cap": 2.0}})
+    config_from_dict(
+        {"distributed": {"backend": "ray", "mode": "async"}, "algorithm": {"old_logprobs": "sampler"}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("backend", "spark", "must be one of"),
+        ("num_rollout_actors", 0, "must be > 0"),
+        ("max_staleness", 0, "must be > 0"),
+        ("torch_backend", "mpi", "must be one of"),
+        ("rollout_num_gpus", -1, "must be >= 0"),
+    ],
+)
+def test_bad_distributed_values_name_the_key(key, value, why):
+    with pytest.raises(ConfigError, match=f"distributed.{key}.*{why}"):
+        config_from_dict({"distributed": {key: value}})
+
+
+def test_ray_trainer_refuses_a_config_without_the_ray_backend_before_starting_anything():
+    with pytest.raises(ConfigError, match="distributed.backend"):
+        RayTrainer(config_from_dict({}))
+
+
+def _micro_batch(length: int) -> MicroBatch:
+    ids = torch.zeros(1, length, dtype=torch.long)
+    empty = torch.zeros(0, dtype=torch.long)
+    return MicroBatch(ids, ids, empty, empty, empty)
+
+
+def test_micro_batches_are_sharded_longest_first_to_the_least_loaded_worker():
+    shards = shard_micro_batches([_micro_batch(n) for n in (10, 70, 30, 40, 50)], 2)
+    assert [[mb.input_ids_1T.shape[1] for mb in shard] for shard in shards] == [[70, 30], [50, 40, 10]]
+    assert shard_micro_batches([_micro_batch(5)], 3)[1:] == [[], []]

@@ -100,20 +100,10 @@ def test_registry():
 
 def test_demonstrations_replay_through_tool_env(tiny_tokenizer):
     """The real ToolEnv runs the calculator, renders no schema block, and scores the demonstrator."""
-    from agent_r1.envs.tool_env import ToolEnv
     from agent_r1.train.sft import replay_demonstrations
 
-    spec = get_task("arithmetic")
-
     def env_factory():
-        return ToolEnv(
-            tiny_tokenizer,
-            spec.tools(),
-            format=spec.tool_format(),
-            outcome_reward=spec.reward,
-            extract_answer=spec.extract_answer,
-            max_turns=spec.max_turns,
-        )
+        return ar.make_env(tiny_tokenizer)
 
     tasks = ar.make_dataset(40, seed=1)
     right = replay_demonstrations(

@@ -1,6 +1,8 @@
 """A synthetic multi-step tool task: ``a*b+c`` or ``a*b-c`` with a one-operation calculator.
 
-The model is asked e.g. ``Compute 37*84-612``. Its calculator takes exactly ONE binary operation per
+The model is asked e.g. ``Compute 37*84-612`` (two-digit factors whose product has four digits,
+a three-digit ``c``: every prompt and every call has the same length, so the numbers to copy sit at
+fixed distances, which a tiny model learns far sooner than content-based copying). Its calculator takes exactly ONE binary operation per
 call, and a byte-level model of a million parameters cannot multiply two-digit numbers in its head, so
 a correct answer needs two calls (``37*84`` -> ``3108``, then ``3108-612`` -> ``2496``) and a final
 ``<answer>2496</answer>``. Every character is a token for the tiny tokenizer, so the prompt and the
@@ -41,6 +43,7 @@ __all__ = [
     "calculator_schema",
     "demonstrate",
     "extract_answer",
+    "make_env",
     "build_task",
     "make_dataset",
     "score",
@@ -119,7 +122,7 @@ def make_dataset(n: int, *, split: str = "train", seed: int = 0) -> list[dict[st
         a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(100, 999)
         op = rng.choice("+-")
         expression = f"{a}*{b}{op}{c}"
-        if expression in seen or _is_heldout(expression) != (split == "test"):
+        if a * b < 1000 or expression in seen or _is_heldout(expression) != (split == "test"):
             continue
         seen.add(expression)
         answer = _SYMBOLS[op](a * b, c)
@@ -200,6 +203,24 @@ class SystemPromptHermes(HermesFormat):
 def tools() -> list[Tool]:
     """The task's one tool, ``calculator`` (see ``calculator``)."""
     return [tool(calculator, name=TOOL_NAME, timeout=5.0)]
+
+
+def make_env(tokenizer, *, max_turns: int = 4, context: str = "append"):
+    """A ``ToolEnv`` for this task: the calculator, compact prompt, ``<answer>`` scoring.
+
+    Usable as ``env.name: agent_r1.tasks.arithmetic:make_env`` in a training config.
+    """
+    from agent_r1.envs.tool_env import ToolEnv
+
+    return ToolEnv(
+        tokenizer,
+        tools(),
+        format=SystemPromptHermes(),
+        context=context,
+        outcome_reward=score,
+        extract_answer=extract_answer,
+        max_turns=max_turns,
+    )
 
 
 def build_task():

@@ -1,0 +1,54 @@
+"""``agent-r1 quickstart``: arguments, and a short real run through the CLI (slow)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agent_r1.commands import quickstart
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    quickstart.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_quick_settings_and_overrides():
+    assert quickstart._settings(_parse([])) == quickstart.DEFAULTS
+    assert quickstart._settings(_parse(["--quick"])) == quickstart.QUICK
+    settings = quickstart._settings(_parse(["--quick", "--rl-steps", "3"]))
+    assert settings == {**quickstart.QUICK, "rl_steps": 3}
+
+
+def test_cli_lists_quickstart():
+    result = subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "quickstart", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "--quick" in result.stdout and "--out" in result.stdout
+
+
+@pytest.mark.slow
+def test_quick_run_improves_over_the_sft_start(tmp_path):
+    """The CI-sized run: RL must beat the supervised start on the fixed held-out set (fixed seeds)."""
+    out = tmp_path / "qs"
+    result = subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "quickstart", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["heldout_success_sft"] > 0.1, summary  # the warm start learned the format
+    assert summary["heldout_success_rl"] >= summary["heldout_success_sft"] + 0.05, summary
+    assert (out / "run" / "config.yaml").is_file()
+    assert list((out / "run" / "trajectories").glob("step_*.jsonl"))
+    assert "held-out success" in result.stdout

@@ -248,3 +248,22 @@ def test_critic_estimators_train_a_value_head_and_resume_it(tiny_checkpoint, tmp
     for name, tensor in trainer.critic.model.state_dict().items():
         assert torch.equal(resumed.critic.model.state_dict()[name], tensor), name
     assert resumed.critic.optimizer_steps == trainer.critic.optimizer_steps == 2
+
+
+def test_eval_command_scores_a_checkpoint(trained, tmp_path, capsys):
+    _, run_dir, _, _ = trained
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps(t) + "\n" for t in tasks(4, offset=100)))
+    code = main(
+        [
+            "eval",
+            str(run_dir / "config.yaml"),
+            f"data.val={val}",
+            "--checkpoint",
+            str(run_dir / "checkpoints" / "step_000006"),
+        ]
+    )
+    assert code == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["eval/reward"] == pytest.approx(rows[-1]["eval/reward"], abs=1e-6)  # same greedy policy

@@ -318,8 +318,8 @@ class Trainer:
         if not self.config.model.path:
             raise ConfigError(
                 "model.path",
-                "needed to load a second copy of the model (rollout.share_model: "
-                "false, or a reference model)",
+                "needed to load a second copy of the model (a reference model, a critic, or the "
+                "engine's copy with rollout.share_model: false and LoRA)",
             )
         return self.config.model.path
 
@@ -362,7 +362,7 @@ class Trainer:
             self.train_tasks, cfg.tasks_per_step, seed=cfg.seed, shuffle=self.config.data.shuffle
         )
         start = self._restore() if self.resume else 0
-        self.run_dir = RunDir(cfg.run_dir, self.config, resume_step=start if self.resume else None)
+        self.run_dir = RunDir(cfg.run_dir, self.config, resume_step=start or None)
         last: dict[str, float] = {}
         try:
             with self._progress(start) as advance:

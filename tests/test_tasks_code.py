@@ -14,7 +14,7 @@ from agent_r1.tasks.code import build_task, extract_code, load_problems, make_da
 from agent_r1.tools.python_sandbox import PythonSandbox, SandboxLimits
 from agent_r1.types import Action
 
-SANDBOX = PythonSandbox(SandboxLimits(wall_timeout_s=4.0, cpu_time_s=3))
+SANDBOX = PythonSandbox(SandboxLimits(wall_timeout_s=30.0, cpu_time_s=3))  # CPU stops loops
 
 REFERENCE_SOLUTIONS = {
     "sum_two": "a, b = map(int, input().split())\nprint(a + b)",

@@ -100,7 +100,7 @@ def passed_tests_reward(
 
 @functools.lru_cache(maxsize=1)
 def _default_sandbox() -> PythonSandbox:
-    return PythonSandbox(SandboxLimits(wall_timeout_s=5.0, cpu_time_s=5))
+    return PythonSandbox(SandboxLimits(wall_timeout_s=10.0, cpu_time_s=5))
 
 
 def load_problems(path: str | Path = PROBLEMS_PATH) -> list[dict[str, Any]]:
@@ -173,7 +173,7 @@ def build_task(
     """Code problems from ``path`` with the python tool; test-case reward in a sandbox with ``limits``."""
     if reward not in REWARDS:
         raise ValueError(f"code task reward {reward!r} is unknown; choose from {', '.join(REWARDS)}")
-    sandbox = PythonSandbox(limits or SandboxLimits(wall_timeout_s=5.0, cpu_time_s=5))
+    sandbox = PythonSandbox(limits or SandboxLimits(wall_timeout_s=10.0, cpu_time_s=5))
     return TaskSpec(
         name="code",
         make_dataset=functools.partial(make_dataset, path=path),

@@ -3,7 +3,7 @@
 - synchronous Ray training reproduces the single-process trainer (same trajectories, same losses);
 - a rollout actor killed mid-rollout is restarted and exactly its unfinished samples are re-queued;
 - async mode overlaps rollout and update with the staleness bound and records policy versions;
-- a learner worker death stops the run cleanly and ``resume`` continues it exactly.
+- a learner worker death stops the run cleanly and ``agent-r1 train --resume`` continues it exactly.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import torch
 from safetensors.torch import load_file
 from trainer_envs import tasks
 
+from agent_r1.cli import main
 from agent_r1.distributed import LearnerFailure, RayTrainer, RolloutPool, actor_runtime_env
 from agent_r1.distributed.rollout_actor import SampleKey
-from agent_r1.train.config import config_from_dict
+from agent_r1.train.config import config_from_dict, dump_config
 from agent_r1.train.trainer import Trainer
 
 pytestmark = pytest.mark.ray
@@ -136,7 +137,7 @@ def test_async_mode_overlaps_rollout_and_update_within_the_staleness_bound(
     config = _config(
         tiny_checkpoint,
         tmp_path,
-        distributed={"mode": "async", "max_staleness": 2, "num_learner_workers": 1},
+        distributed={"mode": "async", "max_staleness": 2, "num_rollout_actors": 1, "num_learner_workers": 1},
         algorithm={"tis_cap": 2.0},
     )
     RayTrainer(config, train_tasks=tasks(12)).fit()
@@ -149,10 +150,15 @@ def test_async_mode_overlaps_rollout_and_update_within_the_staleness_bound(
     assert all(rows[s]["update/skipped"] == 0 and math.isfinite(rows[s]["loss/policy"]) for s in rows)
 
 
-def test_a_dead_learner_worker_stops_the_run_and_resume_continues_it(
+def test_a_dead_learner_worker_stops_the_run_and_cli_resume_continues_it(
     cluster, tiny_checkpoint, tmp_path, single_and_ray
 ):
-    config = _config(tiny_checkpoint, tmp_path, distributed={"num_rollout_actors": 1})
+    train_file = tmp_path / "train.jsonl"
+    train_file.write_text("".join(json.dumps(t) + "\n" for t in tasks(12)))
+    run_dir = tmp_path / "run"
+    config = _config(
+        tiny_checkpoint, run_dir, data={"train": str(train_file)}, distributed={"num_rollout_actors": 1}
+    )
     calls = {"n": 0}
     trainer = None
 
@@ -162,15 +168,16 @@ def test_a_dead_learner_worker_stops_the_run_and_resume_continues_it(
             ray.kill(trainer.learner.workers[1])
         return trajectory.outcome_reward
 
-    trainer = RayTrainer(config, train_tasks=tasks(12), reward_fn=reward_that_kills_a_worker_in_step_2)
+    trainer = RayTrainer(config, reward_fn=reward_that_kills_a_worker_in_step_2)
     with pytest.raises(LearnerFailure, match="worker 1 died.*--resume"):
         trainer.fit()
     assert trainer.learner.workers == [] and trainer.rollouts.actors == []
-    assert sorted(_rows(tmp_path)) == [1]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]
+    assert sorted(_rows(run_dir)) == [1]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000001"]
 
-    RayTrainer(config, train_tasks=tasks(12), resume=True).fit()
-    resumed, uninterrupted = _rows(tmp_path), _rows(single_and_ray[1])
+    dump_config(config, tmp_path / "config.yaml")
+    assert main(["train", str(tmp_path / "config.yaml"), "--resume", "--quiet"]) == 0
+    resumed, uninterrupted = _rows(run_dir), _rows(single_and_ray[1])
     assert sorted(resumed) == [1, 2, 3]
     for step in (2, 3):  # one rollout actor instead of two: the same seeded samples, the same losses
         assert resumed[step]["loss/policy"] == pytest.approx(

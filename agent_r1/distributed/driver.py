@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.trainer import CRITIC_ESTIMATORS, RewardFn, Trainer, _mean, trajectory_success
 from agent_r1.types import Task, TrajectoryGroup, TrajectoryStatus
 
-__all__ = ["RayTrainer", "actor_runtime_env", "train_on_ray"]
+__all__ = ["RayTrainer", "absolute_paths", "actor_runtime_env", "train_on_ray"]
 
 
 @dataclass
@@ -76,11 +76,12 @@ class RayTrainer(Trainer):
     ) -> None:
         # Trainer.__init__ builds a model, an engine and a Learner in this process; the driver needs
         # none of them, so it sets the attributes the inherited phases read, and builds handles.
-        self.config = config
         if config.distributed.backend != "ray":
             raise ConfigError(
                 "distributed.backend", f"RayTrainer needs 'ray', got {config.distributed.backend!r}"
             )
+        config = absolute_paths(config)
+        self.config = config
         if config.algorithm.advantage in CRITIC_ESTIMATORS:
             raise ConfigError(
                 "algorithm.advantage",
@@ -217,6 +218,18 @@ class RayTrainer(Trainer):
         self.learner.shutdown()
         if self._owns_ray:
             ray.shutdown()
+
+
+def absolute_paths(config: TrainConfig) -> TrainConfig:
+    """Make the paths that actors open absolute: actors may run in another working directory. Model
+    paths that do not exist here stay as they are (hub names, or folders that exist only on the nodes)."""
+
+    def local(path: str | None) -> str | None:
+        return str(Path(path).resolve()) if path and Path(path).exists() else path
+
+    model = replace(config.model, path=local(config.model.path), tokenizer=local(config.model.tokenizer))
+    trainer = replace(config.trainer, run_dir=str(Path(config.trainer.run_dir).resolve()))
+    return replace(config, model=model, trainer=trainer)
 
 
 def train_on_ray(config: TrainConfig, **objects: Any) -> dict[str, float]:

@@ -242,7 +242,7 @@ class LearnerGroup:
             try:
                 ray.get(done[0])
             except RayActorError as error:
-                rank = refs.index(done[0]) if len(refs) == len(self.workers) else 0
+                rank = refs.index(done[0])  # calls go to workers in rank order (single calls: rank 0)
                 self.shutdown()
                 raise LearnerFailure(
                     f"learner worker {rank} died ({type(error).__name__}); the run stops here. "

@@ -1,0 +1,432 @@
+"""agent-r1 vs TRL's GRPOTrainer on one single-turn task, both on CPU, in the same run.
+
+Task: "Reverse the letters: abcd" -> "dcba" (3-6 random lowercase letters). Reward: the
+``difflib.SequenceMatcher`` ratio between the response (special tokens stripped, whitespace trimmed)
+and the reversed word, in [0, 1] — dense, so a briefly warm-started tiny model already earns some.
+One plain Python function scores both frameworks.
+
+Shared setup: the ~1M-param tiny Qwen2 + byte-level ChatML tokenizer, warm-started by a short SFT
+on correct reversals (``agent_r1.train.sft``) and saved once; both trainers start from that folder.
+Identical GRPO settings: group size (``rollout.n`` / ``num_generations``), prompts per iteration,
+max new tokens, lr (constant, AdamW betas 0.9/0.999, no weight decay), grad-norm clip 1.0,
+temperature 1.0 (no top-p / top-k), no KL (``kl_coef`` / ``beta`` = 0), group-std advantages, PPO clip
+0.2 / 0.28, token-mean loss (TRL ``loss_type="dapo"``), one optimizer step per iteration.
+The script checks that both frameworks build identical prompt token ids.
+
+Measured: seconds per iteration (median of the wall-clock gaps between consecutive iterations after
+``--warmup`` of them, so logging and data loading count for both) and reward: the mean training
+reward of the last ``--last`` iterations, and greedy held-out reward of the final model (the same
+evaluation code for both, and for the warm start). Prints machine info and one table with ratios
+agent-r1 / TRL.
+
+    python benchmarks/vs_trl.py            # CPU-sized defaults (a few minutes)
+    python benchmarks/vs_trl.py --quick    # a smoke run (used by the test suite)
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import json
+import os
+import platform
+import random
+import statistics
+import string
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agent_r1.envs.context import task_messages
+from agent_r1.flows.base import SingleStepFlow, observation_ids
+from agent_r1.models.loading import load_tokenizer
+from agent_r1.models.tiny import save_tiny_checkpoint
+from agent_r1.train.config import config_from_dict
+from agent_r1.train.sft import SFTConfig, sft_sequences, train_sft
+from agent_r1.train.trainer import Trainer
+from agent_r1.types import Observation, SamplingParams, Step, Trajectory
+
+SPECIAL_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>")
+
+
+# --- the task, shared verbatim by both frameworks ------------------------------------------------
+
+
+def make_tasks(n: int, seed: int) -> list[dict]:
+    """``n`` reversal tasks: {"prompt": [user message], "target": reversed word}."""
+    rng = random.Random(seed)
+    tasks = []
+    for _ in range(n):
+        word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 6)))
+        tasks.append(
+            {"prompt": [{"role": "user", "content": f"Reverse the letters: {word}"}], "target": word[::-1]}
+        )
+    return tasks
+
+
+def reward(response: str, target: str) -> float:
+    """SequenceMatcher ratio of the cleaned response and the target (1.0 = exact)."""
+    for token in SPECIAL_TOKENS:
+        response = response.replace(token, "")
+    return difflib.SequenceMatcher(None, response.strip(), target).ratio()
+
+
+def trl_reward(prompts, completions, target, **_) -> list[float]:
+    """TRL's reward-function signature over the same ``reward``."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [reward(text, t) for text, t in zip(texts, target, strict=True)]
+
+
+def agent_r1_reward(response: str, task: dict) -> float:
+    """SingleStepFlow's reward-function signature over the same ``reward``."""
+    return reward(response, task["target"])
+
+
+# --- shared warm start and evaluation -------------------------------------------------------------
+
+
+def prompt_ids(tokenizer, task: dict) -> list[int]:
+    """agent-r1's prompt ids for a task (chat template with the generation prompt)."""
+    return observation_ids(Observation(messages=task_messages(task)), tokenizer)
+
+
+def warm_start(folder: Path, tasks: list[dict], epochs: int, seed: int) -> float:
+    """Tiny model + SFT on correct reversals, saved to ``folder``; returns the final SFT loss."""
+    save_tiny_checkpoint(folder, seed=seed)
+    tokenizer = load_tokenizer(str(folder))
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    eos = tokenizer.eos_token_id
+    demos = []
+    for i, task in enumerate(tasks):
+        response = [*tokenizer.encode(task["target"], add_special_tokens=False), eos]
+        step = Step(prompt_ids(tokenizer, task), response, logprobs=[0.0] * len(response), terminated=True)
+        demos.append(Trajectory(str(i), (step,)))
+    losses = train_sft(
+        model, sft_sequences(demos), SFTConfig(epochs=epochs, seed=seed), pad_token_id=tokenizer.pad_token_id
+    )
+    model.save_pretrained(folder)
+    return losses[-1]
+
+
+@torch.no_grad()
+def heldout_reward(model, tokenizer, tasks: list[dict], max_new_tokens: int) -> float:
+    """Greedy decoding of every held-out task (left-padded batch); mean reward."""
+    model.eval()
+    prompts = [prompt_ids(tokenizer, t) for t in tasks]
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    ids_BT = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask_BT = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out_BT = model.generate(
+        input_ids=ids_BT,
+        attention_mask=mask_BT,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad,
+    )
+    texts = tokenizer.batch_decode(out_BT[:, width:], skip_special_tokens=True)
+    return statistics.mean(reward(text, t["target"]) for text, t in zip(texts, tasks, strict=True))
+
+
+def load_model(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
+# --- the two trainers -----------------------------------------------------------------------------
+
+
+class Clock:
+    """Wall-clock and process CPU time at the start of every iteration (and at the end of training).
+
+    CPU seconds (all threads of this process) are less sensitive than wall seconds to other processes
+    competing for the cores, so both are reported.
+    """
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, float]] = []
+
+    def mark(self) -> None:
+        self.marks.append((time.perf_counter(), time.process_time()))
+
+    def gaps(self) -> dict[str, list[float]]:
+        pairs = list(zip(self.marks, self.marks[1:], strict=False))
+        return {"gaps": [b[0] - a[0] for a, b in pairs], "cpu_gaps": [b[1] - a[1] for a, b in pairs]}
+
+
+def run_agent_r1(folder: Path, tasks: list[dict], args, run_dir: Path, old_logprobs: str) -> dict:
+    tokenizer = load_tokenizer(str(folder))
+    model = load_model(folder)
+    config = config_from_dict(
+        {
+            "model": {"path": str(folder)},
+            "rollout": {
+                "n": args.group_size,
+                "temperature": 1.0,
+                "max_tokens": args.max_new_tokens,
+                "max_batch_size": args.group_size * args.prompts,
+            },
+            "algorithm": {
+                "advantage": "grpo",
+                "policy_loss": "ppo_clip",
+                "loss_aggregation": "token-mean",
+                "clip_low": 0.2,
+                "clip_high": 0.28,
+                "kl_coef": 0.0,
+                "old_logprobs": old_logprobs,
+            },
+            "trainer": {
+                "steps": args.iterations,
+                "tasks_per_step": args.prompts,
+                "lr": args.lr,
+                "lr_schedule": "constant",
+                "seed": args.seed,
+                "run_dir": str(run_dir),
+            },
+            "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False},
+        }
+    )
+    sampling = SamplingParams(temperature=1.0, max_tokens=args.max_new_tokens)
+    flow = SingleStepFlow(tokenizer, sampling, agent_r1_reward)
+    trainer = Trainer(config, tokenizer=tokenizer, model=model, flow=flow, train_tasks=tasks)
+    clock = Clock()
+    train_step = trainer.train_step
+
+    def timed_step(step: int) -> dict[str, float]:
+        clock.mark()
+        return train_step(step)
+
+    trainer.train_step = timed_step
+    trainer.fit()
+    clock.mark()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    phases = {
+        key: statistics.mean(r.get(key, 0.0) for r in rows[args.warmup :])
+        for key in (
+            "time/rollout",
+            "time/score",
+            "time/reference",
+            "time/advantage",
+            "time/update",
+            "time/sync",
+        )
+    }
+    return {
+        **clock.gaps(),
+        "rewards": [r["reward/mean"] for r in rows],
+        "model": trainer.model,
+        "tokenizer": tokenizer,
+        "phases": phases,
+    }
+
+
+def run_trl(folder: Path, tasks: list[dict], args, out_dir: Path) -> dict:
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = load_tokenizer(str(folder))
+    model = load_model(folder)
+    batch = args.group_size * args.prompts
+    config = GRPOConfig(
+        output_dir=str(out_dir),
+        use_cpu=True,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        num_generations=args.group_size,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=1,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        max_steps=args.iterations,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=args.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        # TRL's defaults differ from TrainingArguments': bf16 on and activation checkpointing on. Both
+        # would cost TRL time here (bf16 autocast is slow on most CPUs; agent-r1 trains in float32 and
+        # without checkpointing), so both are off.
+        bf16=False,
+        activation_checkpointing=False,
+    )
+    clock = Clock()
+
+    class Marks(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            clock.mark()
+
+        def on_train_end(self, *a, **k):
+            clock.mark()
+
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[trl_reward],
+        args=config,
+        train_dataset=Dataset.from_list(tasks),
+        processing_class=tokenizer,
+        callbacks=[Marks()],
+    )
+    trainer.remove_callback(PrinterCallback)  # its per-step dict printing would bury the table
+    trainer.train()
+    rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]
+    return {
+        **clock.gaps(),
+        "rewards": rewards,
+        "model": trainer.model,
+        "tokenizer": tokenizer,
+    }
+
+
+def check_same_prompts(folder: Path, task: dict) -> None:
+    """TRL renders conversational prompts with ``apply_chat_template(tokenize=True)``; agent-r1 with
+    its own renderer. The comparison is only fair if both give the model the same tokens."""
+    tokenizer = load_tokenizer(str(folder))
+    trl_ids = tokenizer.apply_chat_template(
+        [task["prompt"]], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"][0]
+    if list(trl_ids) != prompt_ids(tokenizer, task):
+        sys.exit("vs_trl: TRL and agent-r1 build different prompt token ids; the comparison would be unfair")
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=30, help="training iterations per framework")
+    parser.add_argument("--warmup", type=int, default=3, help="iterations left out of the timing median")
+    parser.add_argument("--last", type=int, default=5, help="training reward = mean of the last k iterations")
+    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (num_generations)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per iteration")
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--sft-tasks", type=int, default=1000, help="warm-start demonstrations")
+    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--eval-tasks", type=int, default=128, help="held-out tasks (greedy)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: steadier than 2 on a shared 2-core machine, see benchmarks/README.md)",
+    )
+    parser.add_argument(
+        "--skip-trl", action="store_true", help="agent-r1 only (no ratios), e.g. where trl is not installed"
+    )
+    parser.add_argument(
+        "--sampler-logprobs",
+        action="store_true",
+        help="also run agent-r1 with algorithm.old_logprobs=sampler (no learner recomputation pass)",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    args = parser.parse_args()
+    if args.quick:
+        args.iterations, args.warmup, args.last, args.group_size, args.prompts = 3, 1, 2, 4, 2
+        args.max_new_tokens, args.sft_tasks, args.sft_epochs, args.eval_tasks = 8, 64, 1, 16
+    if args.warmup >= args.iterations:
+        parser.error("--warmup must be smaller than --iterations")
+    torch.set_num_threads(args.threads)
+    if not args.skip_trl and importlib.util.find_spec("trl") is None:
+        sys.exit("vs_trl: trl is not installed (pip install -e '.[bench]'), or pass --skip-trl")
+
+    train_tasks = make_tasks(args.iterations * args.prompts * 4, seed=args.seed + 1)
+    heldout = make_tasks(args.eval_tasks, seed=args.seed + 2)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+        folder = Path(tmp) / "warm_start"
+        sft_loss = warm_start(
+            folder, make_tasks(args.sft_tasks, seed=args.seed + 3), args.sft_epochs, args.seed
+        )
+        check_same_prompts(folder, train_tasks[0])
+        tokenizer = load_tokenizer(str(folder))
+        start_reward = heldout_reward(load_model(folder), tokenizer, heldout, args.max_new_tokens)
+
+        runs = {"agent-r1": lambda: run_agent_r1(folder, train_tasks, args, Path(tmp) / "ar1", "learner")}
+        if args.sampler_logprobs:
+            runs["agent-r1 (sampler old logp)"] = lambda: run_agent_r1(
+                folder, train_tasks, args, Path(tmp) / "ar1s", "sampler"
+            )
+        if not args.skip_trl:
+            runs["TRL GRPOTrainer"] = lambda: run_trl(folder, train_tasks, args, Path(tmp) / "trl")
+        for name, run in runs.items():
+            torch.manual_seed(args.seed)
+            started = time.perf_counter()
+            result = run()
+            result["total"] = time.perf_counter() - started
+            result["heldout"] = heldout_reward(
+                result.pop("model"), result.pop("tokenizer"), heldout, args.max_new_tokens
+            )
+            results[name] = result
+
+    import transformers
+
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    if not args.skip_trl:
+        import trl
+
+        versions += f", trl {trl.__version__}"
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, "
+        f"{versions}, threads {torch.get_num_threads()}"
+    )
+    print(
+        f"task: reverse 3-6 letters, SequenceMatcher reward; warm start: SFT {args.sft_tasks} demos x "
+        f"{args.sft_epochs} epochs (final loss {sft_loss:.3f}), held-out greedy reward {start_reward:.3f}"
+    )
+    print(
+        f"setup: {args.prompts} prompts x {args.group_size} samples per iteration, max new tokens "
+        f"{args.max_new_tokens}, lr {args.lr}, {args.iterations} iterations, timing = median gap after "
+        f"{args.warmup} warm-up iterations, train reward = mean of the last {args.last}"
+    )
+    base = results.get("TRL GRPOTrainer")
+
+    def per_iter(r: dict, key: str) -> float:
+        return statistics.median(r[key][args.warmup :])
+
+    header = (
+        f"| {'framework':<28} | {'s/iter':>7} | {'x TRL':>6} | {'CPU s/iter':>10} | {'x TRL':>6} | "
+        f"{'total s':>7} | {'train reward':>12} | {'held-out reward':>15} |"
+    )
+    print(header)
+    print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
+    for name, r in results.items():
+        wall, cpu = per_iter(r, "gaps"), per_iter(r, "cpu_gaps")
+        wall_ratio = f"{wall / per_iter(base, 'gaps'):.2f}" if base else "-"
+        cpu_ratio = f"{cpu / per_iter(base, 'cpu_gaps'):.2f}" if base else "-"
+        train_reward = statistics.mean(r["rewards"][-args.last :])
+        print(
+            f"| {name:<28} | {wall:>7.3f} | {wall_ratio:>6} | {cpu:>10.3f} | {cpu_ratio:>6} | "
+            f"{r['total']:>7.1f} | {train_reward:>12.3f} | {r['heldout']:>15.3f} |"
+        )
+    for name, r in results.items():
+        if "phases" in r:
+            total = sum(r["phases"].values())
+            shares = ", ".join(f"{k[5:]} {v:.3f}s ({v / total:.0%})" for k, v in r["phases"].items() if v > 0)
+            print(f"{name} phases (mean per iteration): {shares}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Smoke tests: every benchmark script runs at ``--quick`` sizes and prints machine info and its table.
+
+No timing is asserted (the machine is shared); the tests check that each script runs end to end
+and that its table has the rows and ratio columns the README quotes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+HAS_TRL = importlib.util.find_spec("trl") is not None
+
+pytestmark = pytest.mark.slow
+
+
+def run_script(name: str, *args: str) -> str:
+    """Run ``benchmarks/<name>`` with ``args``; fail with its output if it exits non-zero."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert proc.returncode == 0, (
+        f"{name} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    )
+    assert proc.stdout.startswith("machine: ") or "\nmachine: " in proc.stdout, proc.stdout
+    return proc.stdout
+
+
+def table_row(output: str, label: str) -> list[str]:
+    """The cells of the markdown table row whose first cell starts with ``label``."""
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0].startswith(label):
+            return cells
+    raise AssertionError(f"no table row {label!r} in:\n{output}")
+
+
+def is_number(cell: str) -> bool:
+    return re.fullmatch(r"-?\d+(\.\d+)?%?", cell) is not None
+
+
+def test_layout_quick():
+    out = run_script("layout.py", "--quick")
+    base = table_row(out, "(a) agent-r1")
+    assert base[2] == "1.00" and base[4] == "1.00", base  # ratios against itself
+    for label in ("(b) one row per step", "(c) one row per step, padded"):
+        assert all(is_number(c) for c in table_row(out, label)[1:])
+
+
+@pytest.mark.skipif(not (BENCHMARKS / "rollout.py").exists(), reason="benchmarks/rollout.py is not there yet")
+def test_rollout_quick():
+    out = run_script("rollout.py", "--quick", "--no-vllm")
+    assert out.count("\n|") >= 3, out  # header, separator and at least one row
+
+
+@pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e '.[bench]'): TRL side not run")
+def test_vs_trl_quick_against_trl():
+    out = run_script("vs_trl.py", "--quick", "--sampler-logprobs")
+    trl = table_row(out, "TRL GRPOTrainer")
+    assert trl[2] == "1.00" and trl[4] == "1.00", trl
+    for label in ("agent-r1", "agent-r1 (sampler old logp)", "TRL GRPOTrainer"):
+        row = table_row(out, label)
+        assert all(is_number(c) for c in row[1:]), row
+        assert 0.0 <= float(row[6]) <= 1.0 and 0.0 <= float(row[7]) <= 1.0, row  # rewards are ratios
+    assert "agent-r1 phases (mean per iteration): rollout" in out
+
+
+@pytest.mark.skipif(HAS_TRL, reason="covered by test_vs_trl_quick_against_trl (trl is installed)")
+def test_vs_trl_quick_agent_r1_only():
+    out = run_script("vs_trl.py", "--quick", "--skip-trl")
+    row = table_row(out, "agent-r1")
+    assert row[2] == "-" and row[4] == "-", row  # no ratios without TRL
+    assert is_number(row[1]) and is_number(row[6]), row
+
+
+def test_multiturn_quick():
+    out = run_script("multiturn.py", "--quick")
+    header = table_row(out, "figure")
+    assert header[1:] == ["append", "rerender", "rerender/append"], header
+    for label in ("held-out success after SFT", "held-out success after RL", "RL steps in budget"):
+        assert all(is_number(c) for c in table_row(out, label)[1:3])
+    shares = [
+        float(table_row(out, f"time share: {phase}")[1].rstrip("%"))
+        for phase in ("rollout", "score", "reference", "update", "sync", "other")
+    ]
+    assert abs(sum(shares) - 100.0) < 0.5, shares
+
+
+def test_run_all_runs_every_script_in_order(tmp_path):
+    """run_all.sh with a stand-in interpreter that only records its arguments (the scripts themselves
+    are run by the tests above)."""
+    recorder = tmp_path / "python"
+    log = tmp_path / "calls.txt"
+    recorder.write_text(f'#!/bin/sh\necho "$@" >> {log}\n[ "$1" = "-c" ] && exit 1\nexit 0\n')
+    recorder.chmod(0o755)
+    proc = subprocess.run(
+        ["bash", str(BENCHMARKS / "run_all.sh"), "--quick"],
+        env={"PATH": "/usr/bin:/bin", "PYTHON": str(recorder)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    calls = [line.split() for line in log.read_text().splitlines() if not line.startswith("-c")]
+    scripts = [Path(c[0]).name for c in calls]
+    expected = ["layout.py", "rollout.py", "vs_trl.py", "multiturn.py"]
+    assert scripts == [s for s in expected if (BENCHMARKS / s).exists()], scripts
+    assert all("--quick" in c for c in calls), calls
+    assert "--skip-trl" in calls[scripts.index("vs_trl.py")]  # the stand-in has no trl
+    assert "trl is not installed" in proc.stdout

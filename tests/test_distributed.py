@@ -137,16 +137,18 @@ def test_async_mode_overlaps_rollout_and_update_within_the_staleness_bound(
     config = _config(
         tiny_checkpoint,
         tmp_path,
+        trainer={"steps": 4},
         distributed={"mode": "async", "max_staleness": 2, "num_rollout_actors": 1, "num_learner_workers": 1},
         algorithm={"tis_cap": 2.0},
     )
-    RayTrainer(config, train_tasks=tasks(12)).fit()
+    RayTrainer(config, train_tasks=tasks(16)).fit()
     rows = _rows(tmp_path)
-    # version 0 samples steps 1-3: the engines are refreshed only when staleness would exceed 2
-    assert [rows[s]["async/staleness_max"] for s in (1, 2, 3)] == [0, 1, 2]
-    assert [
-        {s["policy_version"] for t in _dump(tmp_path, step) for s in t["steps"]} for step in (1, 2, 3)
-    ] == [{0}, {0}, {0}]
+    # Step k+1's rollout is submitted before step k's update, so it can only carry an older version.
+    # Version 0 samples steps 1-3; refreshing before step 3's rollout is not needed (staleness 2 is
+    # allowed), before step 4's it is: version 2 samples it and is trained from version 3.
+    assert [rows[s]["async/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 2, 1]
+    versions = [{s["policy_version"] for t in _dump(tmp_path, k) for s in t["steps"]} for k in (1, 2, 3, 4)]
+    assert versions == [{0}, {0}, {0}, {2}]
     assert all(rows[s]["update/skipped"] == 0 and math.isfinite(rows[s]["loss/policy"]) for s in rows)
 
 

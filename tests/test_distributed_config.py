@@ -12,6 +12,7 @@ from agent_r1.distributed.learner_group import shard_micro_batches
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import ConfigError, config_from_dict, load_config
 
+pytestmark = pytest.mark.ray  # imports Ray (no cluster is started)
 CONFIGS = Path(__file__).parent.parent / "configs"
 
 

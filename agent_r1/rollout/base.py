@@ -1,8 +1,15 @@
 """The rollout engine contract: token ids in, token ids and their log-probs out.
 
 Every engine (HF in-process, vLLM in-process, any OpenAI-compatible server) implements ``Engine``.
-Flows only ever call ``generate``; the trainer also calls ``update_weights`` (and ``sleep`` /
-``wake`` where an engine can free its memory while the learner trains).
+Flows only ever call ``generate``; the trainer also calls ``update_weights``.
+
+Optional hooks (not part of the protocol; callers check ``hasattr``): ``sleep()`` frees the engine's
+accelerator memory while the learner trains and ``wake()`` restores it before the next rollout.
+``VLLMEngine`` has them (vLLM sleep mode, GPU only); ``HFEngine`` and ``OpenAIEngine`` do not.
+
+Log-probs, in every engine: ``log softmax(logits / temperature)`` of each sampled token over the full
+vocabulary, temperature applied, top-k / top-p truncation not renormalised (greedy: the raw
+log-softmax); see ``agent_r1.types`` and, for vLLM's deviation under truncation, ``vllm_engine``.
 """
 
 from __future__ import annotations

@@ -118,7 +118,13 @@ class RayTrainer(Trainer):
             ray.init(address=config.distributed.address, include_dashboard=False)
             self._owns_ray = True
         self.rollouts = RolloutPool(config, runtime_env)
-        self.learner = LearnerGroup(config, runtime_env)
+        try:
+            self.learner = LearnerGroup(config, runtime_env)
+        except BaseException:
+            self.rollouts.shutdown()
+            if self._owns_ray:
+                ray.shutdown()
+            raise
 
     # ------------------------------------------------------------------ phases that run remotely
 

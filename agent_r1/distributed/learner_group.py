@@ -18,6 +18,7 @@ A worker that dies takes the run down cleanly: the driver kills the others and r
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -32,8 +33,11 @@ from ray.exceptions import RayActorError
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import Learner, MiniBatch, load_policy
+from agent_r1.train.trainer import Trainer, export_weights
 
 __all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
+
+logger = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
@@ -92,8 +96,6 @@ class LearnerWorker:
             dist.broadcast(tensor, src=0)
         reference = None
         if config.algorithm.kl_coef > 0 and not hasattr(model, "peft_config"):
-            from agent_r1.train.trainer import Trainer
-
             reference = Trainer._load_reference(self)
         trainer = config.trainer
         self.learner = Learner(
@@ -149,7 +151,7 @@ class LearnerWorker:
                     stat_sums[name] = stat_sums.get(name, 0.0) + value * active
         finally:
             model.eval()
-        totals = torch.tensor([loss_sum, non_finite], dtype=torch.float64)
+        totals = torch.tensor([loss_sum, non_finite], dtype=torch.float64, device=device)
         dist.all_reduce(totals)
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, (stat_sums, stat_weight))
@@ -173,6 +175,7 @@ class LearnerWorker:
             learner.optimizer_steps += 1
         else:
             learner.skipped_updates += 1
+            logger.warning("rank %d: skipped a non-finite update (grad norm %s)", self.rank, grad_norm)
         learner.optimizer.zero_grad(set_to_none=True)
         all_sums: dict[str, float] = {}
         all_weight = 0.0
@@ -191,8 +194,6 @@ class LearnerWorker:
 
     def export_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The policy's weights under Hugging Face names (LoRA merged), on the CPU, for the engines."""
-        from agent_r1.train.trainer import export_weights
-
         return [(name, t.cpu()) for name, t in export_weights(self.learner.model)]
 
     def save_checkpoint(self, directory: str, step: int, trainer_state: dict) -> str:
@@ -260,7 +261,7 @@ class LearnerGroup:
     def update(self, mini_batch: MiniBatch, token_loss, *, with_entropy: bool = False) -> dict[str, float]:
         """One data-parallel optimizer step. ``token_loss`` must be the trainer's own: each worker
         computes it from the config (a bound method of the driver cannot travel)."""
-        if getattr(token_loss, "__func__", None) is not _trainer_token_loss():
+        if getattr(token_loss, "__func__", None) is not Trainer._token_loss:
             raise TypeError(
                 "the Ray learner group computes Trainer._token_loss in each worker; got another loss"
             )
@@ -289,9 +290,3 @@ class LearnerGroup:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
-
-
-def _trainer_token_loss():
-    from agent_r1.train.trainer import Trainer
-
-    return Trainer._token_loss

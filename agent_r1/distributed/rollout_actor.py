@@ -168,11 +168,11 @@ class RolloutJob:
 
     tasks: list[Task]
     n: int
-    pending: dict[Any, tuple[SampleRequest, int, int]] = field(
-        default_factory=dict
-    )  # ref -> (req, slot, gen)
+    # object ref -> (request, actor slot, generation of the actor in that slot when it was sent)
+    pending: dict[Any, tuple[SampleRequest, int, int]] = field(default_factory=dict)
     done: dict[SampleKey, Trajectory] = field(default_factory=dict)
-    order: dict[SampleKey, tuple[int, int, int]] = field(default_factory=dict)  # position in its group
+    # sort key of each sample inside its group: (attempt, start order on its actor, sample index)
+    order: dict[SampleKey, tuple[int, int, int]] = field(default_factory=dict)
     requeued: list[SampleKey] = field(default_factory=list)
 
 

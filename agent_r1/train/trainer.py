@@ -799,6 +799,7 @@ def train(config: TrainConfig, **objects: Any) -> dict[str, float]:
 
 def evaluate(config: TrainConfig, **objects: Any) -> dict[str, float]:
     """Evaluate the configured policy on ``data.val`` (no training); returns eval/reward, eval/success."""
+    objects.setdefault("train_tasks", [])  # evaluation reads no training data
     trainer = Trainer(config, **objects)
     try:
         if not trainer.val_tasks:

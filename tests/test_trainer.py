@@ -267,3 +267,28 @@ def test_eval_command_scores_a_checkpoint(trained, tmp_path, capsys):
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics["eval/reward"] == pytest.approx(rows[-1]["eval/reward"], abs=1e-6)  # same greedy policy
+
+
+def test_score_replaces_outcome_rewards_with_reward_fn(trained):
+    trainer, _, _, _ = trained
+    groups = [_group([0.0, 1.0]), _group([1.0], status=TrajectoryStatus.ERROR)]
+    trainer.reward_fn = lambda trajectory, task: len(task["prompt"])
+    try:
+        scored = trainer.score(groups, [{"prompt": "abc"}, {"prompt": "x"}])
+    finally:
+        trainer.reward_fn = None
+    assert scored[0].rewards == [3.0, 3.0]
+    assert scored[1].rewards == [1.0]  # ERROR trajectories keep what they had; the filter drops them
+
+
+def test_steps_record_the_policy_version_that_sampled_them(trained):
+    trainer, run_dir, _, _ = trained
+    versions = [
+        {
+            s["policy_version"]
+            for line in (run_dir / "trajectories" / f"step_{k:06d}.jsonl").read_text().splitlines()
+            for s in json.loads(line)["steps"]
+        }
+        for k in (1, 6)
+    ]
+    assert versions == [{0}, {5}]

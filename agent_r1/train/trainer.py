@@ -423,9 +423,21 @@ class Trainer:
     # ------------------------------------------------------------------ phases
 
     def rollout(self, tasks: Sequence[Task], step: int) -> list[TrajectoryGroup]:
-        """Phase 1: ``rollout.n`` samples of every task, all concurrently, seeded by (seed, step)."""
+        """Phase 1: ``rollout.n`` samples of every task, all concurrently, seeded by (seed, step); each
+        step records the policy version that sampled it."""
         self.engine.reseed(f"{self.config.trainer.seed}:train:{step}")
-        return asyncio.run(rollout_groups(self.flow, self.engine, tasks, self.config.rollout.n))
+        groups = asyncio.run(rollout_groups(self.flow, self.engine, tasks, self.config.rollout.n))
+        version = self.policy_version
+        return [
+            replace(
+                g,
+                trajectories=tuple(
+                    replace(t, steps=tuple(replace(s, policy_version=version) for s in t.steps))
+                    for t in g.trajectories
+                ),
+            )
+            for g in groups
+        ]
 
     def score(self, groups: list[TrajectoryGroup], tasks: Sequence[Task]) -> list[TrajectoryGroup]:
         """Phase 2: the env already scored each trajectory; ``reward_fn`` (if given) replaces it."""

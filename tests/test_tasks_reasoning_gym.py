@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 
 import pytest
 
-pytest.importorskip("reasoning_gym", reason="reasoning-gym tasks need the reasoning-gym package (dev extra)")
+from agent_r1.envs.tool_env import ToolEnv
+from agent_r1.tasks import get_task
+from agent_r1.tasks.reasoning_gym import SYSTEM_PROMPT, exact_answer, extract_answer, make_dataset
+from agent_r1.types import Action
 
-from agent_r1.envs.tool_env import ToolEnv  # noqa: E402
-from agent_r1.tasks import get_task  # noqa: E402
-from agent_r1.tasks.reasoning_gym import SYSTEM_PROMPT, exact_answer, extract_answer, make_dataset  # noqa: E402
-from agent_r1.types import Action  # noqa: E402
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("reasoning_gym") is None,
+    reason="reasoning-gym tasks need the reasoning-gym package (dev extra)",
+)
 
 
 def test_dataset_is_reproducible_mixed_and_splits_are_disjoint() -> None:
@@ -20,7 +24,10 @@ def test_dataset_is_reproducible_mixed_and_splits_are_disjoint() -> None:
     assert train == make_dataset(12, split="train", seed=0)
     assert [r["source"] for r in train[:4]] == ["gsm_symbolic", "basic_arithmetic"] * 2
     assert len(train) == 12 and len(test) == 6
-    questions = lambda rows: {r["prompt"][1]["content"] for r in rows}  # noqa: E731
+
+    def questions(rows: list[dict]) -> set[str]:
+        return {r["prompt"][1]["content"] for r in rows}
+
     assert not questions(train) & questions(test)
     assert not questions(train) & questions(make_dataset(12, split="test", seed=1))
     row = train[0]

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mcp", reason="the test server needs the `mcp` package (in the dev extra)")
+from agent_r1.envs.tool_env import ToolEnv
+from agent_r1.tools import ToolCall, ToolSet
+from agent_r1.tools.mcp import MCPClient, MCPError, mcp_tools
+from agent_r1.types import Action
 
-from agent_r1.envs.tool_env import ToolEnv  # noqa: E402
-from agent_r1.tools import ToolCall, ToolSet  # noqa: E402
-from agent_r1.tools.mcp import MCPClient, MCPError, mcp_tools  # noqa: E402
-from agent_r1.types import Action  # noqa: E402
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("mcp") is None,
+    reason="the test server needs the `mcp` package (in the dev extra)",
+)
 
 SERVER = [sys.executable, str(Path(__file__).with_name("mcp_example_server.py"))]
 

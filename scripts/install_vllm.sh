@@ -24,5 +24,4 @@ fi
 .venv-vllm/bin/python -m pip install -q "$VLLM_SPEC"
 .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv-vllm/bin/python -m pip install -q --no-deps -e .
-.venv-vllm/bin/python -m pip install -q pytest pytest-timeout
 echo "vllm installed in .venv-vllm ($(.venv-vllm/bin/python -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'))"

@@ -187,7 +187,7 @@ def padded(rows: list[list], width: int, value=0) -> torch.Tensor:
     return torch.tensor([r[1 : width + 1] + [value] * (width + 1 - len(r)) for r in rows])
 
 
-def sft(model, tok, args: Args) -> None:
+def sft(model, tok, args: Args) -> list[float]:
     """Supervised warm start: replay the demonstrator through the env; loss on the assistant's tokens."""
     rng = random.Random(args.seed)
     episodes = []
@@ -204,6 +204,7 @@ def sft(model, tok, args: Args) -> None:
         opt, lambda s: min((s + 1) / warmup, 1.0 - 0.9 * max(0, s - warmup) / max(1, total - warmup))
     )
     model.train()
+    epoch_losses = []
     for epoch in range(args.sft_epochs):
         rng.shuffle(episodes)
         for i in range(0, len(episodes) - args.sft_batch + 1, args.sft_batch):
@@ -215,7 +216,9 @@ def sft(model, tok, args: Args) -> None:
             loss.backward()
             opt.step()
             sched.step()
+        epoch_losses.append(loss.item())
         print(f"SFT epoch {epoch + 1}: loss {loss.item():.3f}", flush=True)
+    return epoch_losses
 
 
 def grpo_step(model, tok, opt, tasks: list[dict], args: Args) -> dict:
@@ -260,7 +263,7 @@ def main(args: Args) -> dict:
     heldout = arithmetic.make_dataset(args.eval_tasks, split="test", seed=args.seed)
     train = arithmetic.make_dataset(args.rl_steps * args.tasks_per_step, split="train", seed=args.seed + 2)
     t0 = time.perf_counter()
-    sft(model, tok, args)
+    sft_losses = sft(model, tok, args)
     before = evaluate(model, tok, heldout, args)
     t1 = time.perf_counter()
     print(f"after SFT ({t1 - t0:.0f}s): held-out success {before:.3f}", flush=True)
@@ -272,7 +275,7 @@ def main(args: Args) -> dict:
     after = evaluate(model, tok, heldout, args)
     t2 = time.perf_counter()
     print(f"after RL ({t2 - t1:.0f}s): held-out success {after:.3f} (SFT start {before:.3f})")
-    return {"before": before, "after": after, "sft_seconds": t1 - t0, "rl_seconds": t2 - t1}
+    return {"before": before, "after": after, "sft_losses": sft_losses, "seconds": (t1 - t0, t2 - t1)}
 
 
 def parse_args(argv: list[str] | None = None) -> Args:

@@ -75,10 +75,12 @@ def test_sampler_and_learner_logprobs_agree(example, tok):
 
 
 @pytest.mark.slow
-def test_short_run_learns(example):
-    """SFT learns the format from scratch, and RL does not collapse it (a real gain needs the full
-    run; see docs/quickstart.md for its numbers)."""
-    args = example.Args(sft_demos=640, sft_epochs=2, rl_steps=3, tasks_per_step=16, eval_tasks=48)
+def test_short_run_end_to_end(example):
+    """SFT, held-out evaluation, RL steps and evaluation again, on a CI budget. A short warm start
+    lowers the loss but does not yet copy numbers reliably, so this checks the pipeline, not the gain;
+    ``tests/test_quickstart.py`` asserts the RL gain with the real trainer."""
+    args = example.Args(sft_demos=320, sft_epochs=2, rl_steps=1, tasks_per_step=4, group_size=4, eval_tasks=8)
     result = example.main(args)
-    assert result["before"] >= 0.15
-    assert result["after"] >= result["before"] - 0.1
+    first, second = result["sft_losses"]
+    assert second < first < 5.0  # from ~5.6 nats (uniform over 263 tokens) at initialisation
+    assert 0.0 <= result["before"] <= 1.0 and 0.0 <= result["after"] <= 1.0

@@ -36,6 +36,7 @@ def test_cli_lists_quickstart():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_quick_run_improves_over_the_sft_start(tmp_path):
     """The CI-sized run: RL must beat the supervised start on the fixed held-out set (fixed seeds)."""
     out = tmp_path / "qs"

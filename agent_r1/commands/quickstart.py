@@ -100,12 +100,14 @@ def run(args: argparse.Namespace) -> int:
         lambda: arithmetic.make_env(tokenizer), tokenizer, demo_tasks, spec.demonstrate, seed=args.seed
     )
     demo_success = sum(t.outcome_reward for t in demos) / len(demos)
-    losses = train_sft(
-        model,
-        sft_sequences(demos),
-        SFTConfig(epochs=settings["sft_epochs"], batch_size=16, micro_batch_size=16, seed=args.seed),
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    sft_config = SFTConfig(epochs=settings["sft_epochs"], batch_size=16, micro_batch_size=16, seed=args.seed)
+    total_steps = sft_config.epochs * (len(demos) // sft_config.batch_size)
+
+    def log(step: int, loss: float) -> None:
+        if step % max(1, total_steps // 10) == 0:
+            print(f"      SFT step {step}/{total_steps}: loss {loss:.3f}", flush=True)
+
+    losses = train_sft(model, sft_sequences(demos), sft_config, pad_token_id=tokenizer.pad_token_id, log=log)
     sft_dir = out / "sft_model"
     model.save_pretrained(sft_dir)
     tokenizer.save_pretrained(sft_dir)

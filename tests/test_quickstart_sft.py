@@ -1,0 +1,74 @@
+"""agent_r1.train.sft: demonstrations replayed through the env, loss on assistant tokens only."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
+from agent_r1.tasks import arithmetic
+from agent_r1.train.sft import SFTConfig, _padded_batch, replay_demonstrations, sft_sequences, train_sft
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+def _sequences(tok, n=8):
+    tasks = arithmetic.make_dataset(n, seed=2)
+    return tasks, sft_sequences(
+        replay_demonstrations(lambda: arithmetic.make_env(tok), tok, tasks, arithmetic.demonstrate, seed=1)
+    )
+
+
+def test_targets_are_exactly_the_assistant_responses(tok):
+    tasks, sequences = _sequences(tok)
+    rng = random.Random(1)
+    _, _, target_BT = _padded_batch(sequences, tok.pad_token_id)
+    for i, (task, seq) in enumerate(zip(tasks, sequences, strict=True)):
+        responses = arithmetic.demonstrate(task, rng)
+        targets = [
+            tok_id
+            for tok_id, is_target in zip(seq.token_ids, target_BT[i, : len(seq)].tolist(), strict=True)
+            if is_target
+        ]
+        expected = [
+            t for text in responses for t in tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        ]
+        assert targets == expected
+        assert len(seq.spans) == len(responses)
+
+
+def test_replay_rejects_a_demonstration_that_does_not_fit(tok):
+    tasks = arithmetic.make_dataset(1, seed=0)
+    with pytest.raises(ValueError, match="ended after response 1 of 2"):
+        replay_demonstrations(
+            lambda: arithmetic.make_env(tok), tok, tasks, lambda t, r: ["<answer>1</answer>", "x"]
+        )
+    with pytest.raises(ValueError, match="did not end after response 1 of 1"):
+        replay_demonstrations(
+            lambda: arithmetic.make_env(tok), tok, tasks, lambda t, r: [arithmetic.tool_call_text("1*2")]
+        )
+
+
+def test_train_sft_lowers_the_loss_and_touches_only_given_sequences(tok):
+    _, sequences = _sequences(tok)
+    torch.manual_seed(0)
+    model = build_tiny_model(len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    before = [p.detach().clone() for p in model.parameters()]
+    losses = train_sft(
+        model,
+        sequences,
+        SFTConfig(epochs=6, batch_size=8, micro_batch_size=4, lr=3e-3),
+        pad_token_id=tok.pad_token_id,
+    )
+    assert len(losses) == 6
+    assert losses[-1] < losses[0] - 1.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    with pytest.raises(ValueError, match="no sequences"):
+        train_sft(model, [], pad_token_id=tok.pad_token_id)
+    with pytest.raises(ValueError, match="batch_size"):
+        SFTConfig(batch_size=0)

@@ -182,7 +182,7 @@ def main() -> None:
                 model, prompts, user_ids, args.turns, args.new_tokens, tokenizer.pad_token_id
             )
         )
-        vllm_note = "not installed (bash scripts/install_vllm.sh)"
+        vllm_note = "skipped (--no-vllm)" if args.no_vllm else "not installed (bash scripts/install_vllm.sh)"
         if not args.no_vllm and VLLM_PYTHON.exists():
             result = run_vllm(model_dir, args)
             if result is not None:

@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weights dtype (default: the checkpoint's)",
     )
     parser.add_argument("--max-context", type=int, default=None, help="prompt + response token limit")
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="vLLM engine: KV-cache memory in GiB (set it on CPU: vLLM otherwise reserves 92%% of RAM)",
+    )
 
 
 def build_engine(args: argparse.Namespace):
@@ -41,6 +47,8 @@ def build_engine(args: argparse.Namespace):
         kwargs = {"dtype": args.dtype or "auto"}
         if args.max_context:
             kwargs["max_model_len"] = args.max_context
+        if args.kv_cache_gib:
+            kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_gib * 2**30)
         return VLLMEngine(args.model, **kwargs)
     import torch
 

@@ -64,6 +64,7 @@ class VLLMEngine:
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         self.llm = LLM(model=str(model), seed=seed, **llm_kwargs)
         self.max_context = self.llm.llm_engine.model_config.max_model_len
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.ignore_eos = ignore_eos
         self.weight_version: int | None = None
         self._ids = itertools.count()
@@ -80,6 +81,14 @@ class VLLMEngine:
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             return Completion((), (), StopReason.ABORT, error="empty prompt: nothing to condition on")
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            return Completion(
+                (),
+                (),
+                StopReason.ABORT,
+                error=f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}",
+            )
         if len(prompt_ids) >= self.max_context:
             return Completion(
                 (),

@@ -45,7 +45,7 @@ async def run_checks(engine, model, model_b, max_context) -> dict:
     params = [
         SamplingParams(temperature=t, max_tokens=24, seed=i) for i, t in enumerate((1.0, 0.7, 1.0, 0.0))
     ]
-    too_long = list(range(5, 5 + max_context + 3))
+    too_long = [5 + i % 200 for i in range(max_context + 3)]
     out_of_vocab = [10, 11, 10_000_000]
     completions = await asyncio.gather(
         *(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)),

@@ -13,6 +13,7 @@ fixed user turn and the next turn's prompt is prompt + response + user turn (the
 
     python benchmarks/rollout.py                 # 64 trajectories x 3 turns x 32 tokens
     python benchmarks/rollout.py --no-vllm
+    python benchmarks/rollout.py --quick         # smoke-test size
 
 Prints the machine, then one table: tokens, seconds, tokens/s and the ratio to the naive way.
 """
@@ -138,10 +139,15 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=64)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke-test size: 8 trajectories x 2 turns x 8 tokens"
+    )
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM row even if .venv-vllm exists")
     parser.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.trajectories, args.turns, args.new_tokens = 8, 2, 8
     if args.vllm_worker:
         vllm_worker(args)
         return

@@ -100,9 +100,10 @@ def test_one_rl_iteration_on_a_reasoning_gym_task_with_the_calculator(
     before = load_file(smollm_checkpoint / "model.safetensors")
 
     def reward_with_tie_break(trajectory, task) -> float:
-        # The task's exact-answer reward, plus a tiny length term so that a group whose samples all
-        # fail (likely for a 135M model) still has a non-zero advantage and the update must move weights.
-        return trajectory.outcome_reward + 1e-3 * len(trajectory.steps[0].response_ids)
+        # The task's exact-answer reward, plus a tiny term from the first response's sampled log-prob
+        # (continuous, so two samples never tie), so that a group whose samples all fail (likely for
+        # a 135M model; their lengths often tie at max_tokens) still has a non-zero advantage.
+        return trajectory.outcome_reward + 1e-3 * sum(trajectory.steps[0].logprobs)
 
     trainer = Trainer(config, reward_fn=reward_with_tie_break)
     metrics = trainer.fit()

@@ -29,6 +29,7 @@ import copy
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -182,6 +183,10 @@ def run_rl(context: str, tokenizer, model, args, out: Path) -> dict:
     }
 
 
+def progress(message: str) -> None:
+    print(f"[multiturn {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0, help="wall-clock RL budget per context")
@@ -206,10 +211,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     tokenizer = build_tiny_tokenizer()
+    progress(f"warm start: {args.sft_demos} demonstrations x {args.sft_epochs} epochs")
     models = warm_starts(tokenizer, args)
     results = {}
     with tempfile.TemporaryDirectory(prefix="multiturn_") as tmp:
         for context in CONTEXTS:
+            progress(f"RL with context={context} for {args.minutes:g} min")
             results[context] = run_rl(context, tokenizer, models[context][0], args, Path(tmp))
 
     print(

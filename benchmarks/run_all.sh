@@ -31,5 +31,6 @@ fi
 
 run layout.py "$@"
 run rollout.py "$@"
-run vs_trl.py --sampler-logprobs "${vs_trl_args[@]}" "$@"
+run vs_trl.py --variant trainer.micro_batch_tokens=1024 \
+    --variant algorithm.old_logprobs=sampler,trainer.micro_batch_tokens=1024 "${vs_trl_args[@]}" "$@"
 run multiturn.py "$@"

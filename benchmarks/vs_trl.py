@@ -45,7 +45,7 @@ from agent_r1.envs.context import task_messages
 from agent_r1.flows.base import SingleStepFlow, observation_ids
 from agent_r1.models.loading import load_tokenizer
 from agent_r1.models.tiny import save_tiny_checkpoint
-from agent_r1.train.config import config_from_dict
+from agent_r1.train.config import apply_overrides, config_from_dict
 from agent_r1.train.sft import SFTConfig, sft_sequences, train_sft
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Observation, SamplingParams, Step, Trajectory
@@ -162,38 +162,36 @@ class Clock:
         return {"gaps": [b[0] - a[0] for a, b in pairs], "cpu_gaps": [b[1] - a[1] for a, b in pairs]}
 
 
-def run_agent_r1(folder: Path, tasks: list[dict], args, run_dir: Path, old_logprobs: str) -> dict:
+def run_agent_r1(folder: Path, tasks: list[dict], args, run_dir: Path, overrides: list[str]) -> dict:
     tokenizer = load_tokenizer(str(folder))
     model = load_model(folder)
-    config = config_from_dict(
-        {
-            "model": {"path": str(folder)},
-            "rollout": {
-                "n": args.group_size,
-                "temperature": 1.0,
-                "max_tokens": args.max_new_tokens,
-                "max_batch_size": args.group_size * args.prompts,
-            },
-            "algorithm": {
-                "advantage": "grpo",
-                "policy_loss": "ppo_clip",
-                "loss_aggregation": "token-mean",
-                "clip_low": 0.2,
-                "clip_high": 0.28,
-                "kl_coef": 0.0,
-                "old_logprobs": old_logprobs,
-            },
-            "trainer": {
-                "steps": args.iterations,
-                "tasks_per_step": args.prompts,
-                "lr": args.lr,
-                "lr_schedule": "constant",
-                "seed": args.seed,
-                "run_dir": str(run_dir),
-            },
-            "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False},
-        }
-    )
+    settings = {
+        "model": {"path": str(folder)},
+        "rollout": {
+            "n": args.group_size,
+            "temperature": 1.0,
+            "max_tokens": args.max_new_tokens,
+            "max_batch_size": args.group_size * args.prompts,
+        },
+        "algorithm": {
+            "advantage": "grpo",
+            "policy_loss": "ppo_clip",
+            "loss_aggregation": "token-mean",
+            "clip_low": 0.2,
+            "clip_high": 0.28,
+            "kl_coef": 0.0,
+        },
+        "trainer": {
+            "steps": args.iterations,
+            "tasks_per_step": args.prompts,
+            "lr": args.lr,
+            "lr_schedule": "constant",
+            "seed": args.seed,
+            "run_dir": str(run_dir),
+        },
+        "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False},
+    }
+    config = config_from_dict(apply_overrides(settings, overrides))
     sampling = SamplingParams(temperature=1.0, max_tokens=args.max_new_tokens)
     flow = SingleStepFlow(tokenizer, sampling, agent_r1_reward)
     trainer = Trainer(config, tokenizer=tokenizer, model=model, flow=flow, train_tasks=tasks)
@@ -311,6 +309,10 @@ def check_same_prompts(folder: Path, task: dict) -> None:
         sys.exit("vs_trl: TRL and agent-r1 build different prompt token ids; the comparison would be unfair")
 
 
+def progress(message: str) -> None:
+    print(f"[vs_trl {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 
@@ -337,9 +339,12 @@ def main() -> None:
         "--skip-trl", action="store_true", help="agent-r1 only (no ratios), e.g. where trl is not installed"
     )
     parser.add_argument(
-        "--sampler-logprobs",
-        action="store_true",
-        help="also run agent-r1 with algorithm.old_logprobs=sampler (no learner recomputation pass)",
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="an extra agent-r1 row with these config overrides, e.g. algorithm.old_logprobs=sampler "
+        "or trainer.micro_batch_tokens=1024 (repeatable)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     args = parser.parse_args()
@@ -363,15 +368,18 @@ def main() -> None:
         check_same_prompts(folder, train_tasks[0])
         tokenizer = load_tokenizer(str(folder))
         start_reward = heldout_reward(load_model(folder), tokenizer, heldout, args.max_new_tokens)
+        progress(f"warm start: SFT loss {sft_loss:.3f}, held-out reward {start_reward:.3f}")
 
-        runs = {"agent-r1": lambda: run_agent_r1(folder, train_tasks, args, Path(tmp) / "ar1", "learner")}
-        if args.sampler_logprobs:
-            runs["agent-r1 (sampler old logp)"] = lambda: run_agent_r1(
-                folder, train_tasks, args, Path(tmp) / "ar1s", "sampler"
+        runs = {"agent-r1": lambda: run_agent_r1(folder, train_tasks, args, Path(tmp) / "ar1", [])}
+        for i, variant in enumerate(args.variant):
+            overrides = variant.split(",")
+            runs[f"agent-r1 {variant}"] = lambda o=overrides, i=i: run_agent_r1(
+                folder, train_tasks, args, Path(tmp) / f"ar1_{i}", o
             )
         if not args.skip_trl:
             runs["TRL GRPOTrainer"] = lambda: run_trl(folder, train_tasks, args, Path(tmp) / "trl")
         for name, run in runs.items():
+            progress(f"training {name} for {args.iterations} iterations")
             torch.manual_seed(args.seed)
             started = time.perf_counter()
             result = run()
@@ -407,7 +415,7 @@ def main() -> None:
         return statistics.median(r[key][args.warmup :])
 
     header = (
-        f"| {'framework':<28} | {'s/iter':>7} | {'x TRL':>6} | {'CPU s/iter':>10} | {'x TRL':>6} | "
+        f"| {'framework':<44} | {'s/iter':>7} | {'x TRL':>6} | {'CPU s/iter':>10} | {'x TRL':>6} | "
         f"{'total s':>7} | {'train reward':>12} | {'held-out reward':>15} |"
     )
     print(header)
@@ -418,7 +426,7 @@ def main() -> None:
         cpu_ratio = f"{cpu / per_iter(base, 'cpu_gaps'):.2f}" if base else "-"
         train_reward = statistics.mean(r["rewards"][-args.last :])
         print(
-            f"| {name:<28} | {wall:>7.3f} | {wall_ratio:>6} | {cpu:>10.3f} | {cpu_ratio:>6} | "
+            f"| {name:<44} | {wall:>7.3f} | {wall_ratio:>6} | {cpu:>10.3f} | {cpu_ratio:>6} | "
             f"{r['total']:>7.1f} | {train_reward:>12.3f} | {r['heldout']:>15.3f} |"
         )
     for name, r in results.items():

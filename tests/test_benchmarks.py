@@ -66,10 +66,10 @@ def test_rollout_quick():
 
 @pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e '.[bench]'): TRL side not run")
 def test_vs_trl_quick_against_trl():
-    out = run_script("vs_trl.py", "--quick", "--sampler-logprobs")
+    out = run_script("vs_trl.py", "--quick", "--variant", "algorithm.old_logprobs=sampler")
     trl = table_row(out, "TRL GRPOTrainer")
     assert trl[2] == "1.00" and trl[4] == "1.00", trl
-    for label in ("agent-r1", "agent-r1 (sampler old logp)", "TRL GRPOTrainer"):
+    for label in ("agent-r1", "agent-r1 algorithm.old_logprobs=sampler", "TRL GRPOTrainer"):
         row = table_row(out, label)
         assert all(is_number(c) for c in row[1:]), row
         assert 0.0 <= float(row[6]) <= 1.0 and 0.0 <= float(row[7]) <= 1.0, row  # rewards are ratios

@@ -68,6 +68,41 @@ def test_logprobs_match_learner_recomputation_under_padding_and_joins(engine, mo
         assert gap < 1e-4, (sp, float(gap))
 
 
+def test_next_turn_reuses_the_previous_turns_kv_exactly(model):
+    """Multi-turn trajectories (prompt + response + new user tokens): later turns run only their new
+    tokens on the stored KV, mixed in one batch with rows that reuse nothing, and their log-probs
+    still equal the learner's full recomputation."""
+    engine = HFEngine(model)
+
+    async def trajectory(i: int, temperature: float) -> list[float]:
+        ids, gaps = prompt(3 + 7 * i, i), []
+        for turn in range(3):
+            sp = SamplingParams(temperature=temperature, max_tokens=8 + 3 * i, seed=10 * i + turn)
+            c = await engine.generate(ids, sp)
+            gaps.append(
+                float((learner_logprobs(model, ids, c, temperature) - torch.tensor(c.logprobs)).abs().max())
+            )
+            ids = ids + list(c.token_ids) + [50, 51, 52 + i]
+        return gaps
+
+    async def main():
+        fresh = [engine.generate(prompt(20 + i, 2 * i), SamplingParams(max_tokens=30)) for i in range(2)]
+        results = await asyncio.gather(
+            *(trajectory(i, t) for i, t in enumerate((1.0, 0.7, 0.0, 1.2))), *fresh
+        )
+        return results[:4]
+
+    gaps = asyncio.run(main())
+    assert max(max(g) for g in gaps) < 1e-4, gaps
+    assert engine.prefix_hits == 4 * 2  # every later turn of every trajectory
+    engine.update_weights(model.state_dict().items())
+    assert not engine._prefixes  # stale KV is dropped with the old weights
+    no_reuse = HFEngine(model, prefix_cache_entries=0)
+    first = asyncio.run(no_reuse.generate(prompt(5), SamplingParams(max_tokens=3)))
+    asyncio.run(no_reuse.generate(prompt(5) + list(first.token_ids) + [1], SamplingParams(max_tokens=3)))
+    assert no_reuse.prefix_hits == 0
+
+
 def test_short_request_does_not_wait_for_the_longest(model):
     engine = HFEngine(model, eos_token_ids=())
     finished: list[str] = []

@@ -10,6 +10,10 @@ owns the model and loops:
 3. retire rows that stopped (stop token / string, ``max_tokens``, context full, cancelled) and hand
    their ``Completion`` back to the caller's event loop.
 
+Multi-turn reuse: when a request finishes, its KV (prompt + response) is kept in a small LRU store;
+a later prompt that extends it (the next turn of the same trajectory under an append context) runs
+only its new tokens. Weight updates empty the store.
+
 Requests join and leave between decode steps, so a batch never waits for its longest member. Rows
 sit left-padded in one ``DynamicCache``; padding is masked out and positions are explicit, so a
 row's log-probs equal an unpadded forward over its own tokens (tested to 1e-4 in fp32). Weights are
@@ -26,6 +30,7 @@ import asyncio
 import contextlib
 import inspect
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -168,7 +173,9 @@ class HFEngine:
     the most rows decoded together. ``eos_token_ids``: tokens that end a response besides each
     request's ``stop_token_ids`` (default: the model's generation config; ``()`` ignores end of
     sequence, e.g. for benchmarks that need exact lengths). ``max_context``: prompt + response
-    limit (default: ``config.max_position_embeddings``).
+    limit (default: ``config.max_position_embeddings``). ``prefix_cache_entries``: how many finished
+    sequences keep their KV for a next turn that extends them (default ``max_batch_size``; 0: off).
+    ``prefix_hits`` counts prompts that reused one.
     """
 
     def __init__(
@@ -181,6 +188,7 @@ class HFEngine:
         dtype: torch.dtype | None = None,
         eos_token_ids: Sequence[int] | None = None,
         max_context: int | None = None,
+        prefix_cache_entries: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
@@ -198,6 +206,10 @@ class HFEngine:
         self.weight_version: int | None = None
         forward_params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self.prefix_cache_entries = max_batch_size if prefix_cache_entries is None else prefix_cache_entries
+        self.prefix_hits = 0
+        # token ids fed so far (prompt + response[:-1]) -> per-layer (keys, values), each (H, T, D)
+        self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
         self._batch = _Batch()
         self._waiting: list[_Request] = []
         self._wakeup = threading.Condition()
@@ -264,6 +276,7 @@ class HFEngine:
         with self._model_lock, torch.no_grad():
             for name, tensor in pairs:
                 state[name].copy_(tensor)
+            self._prefixes.clear()  # KV computed with the old weights
         self.weight_version = version
 
     def close(self) -> None:
@@ -368,19 +381,38 @@ class HFEngine:
         return out.logits[:, -1, :]  # (B, V)
 
     def _prefill(self, requests: list[_Request]) -> None:
-        """Run the prompts of joining requests, left-padded, and sample their first tokens."""
-        length = max(len(r.prompt_ids) for r in requests)
-        ids_BT = torch.zeros(len(requests), length, dtype=torch.long)
-        mask_BT = torch.zeros(len(requests), length, dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids_BT[i, length - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            mask_BT[i, length - len(r.prompt_ids) :] = 1
-        ids_BT, mask_BT = ids_BT.to(self.device), mask_BT.to(self.device)
-        position_ids_BT = (mask_BT.cumsum(dim=1) - 1).clamp(min=0)
+        """Run the prompts of joining requests and sample their first tokens.
+
+        A prompt that extends a finished request's prompt + response reuses that KV (see
+        ``prefix_cache_entries``) and runs only its new suffix. Row ``i`` is laid out as
+        ``[pad, reused_i, pad, suffix_i]`` over ``(P + S)`` columns; the mask hides the padding and
+        ``position_ids`` continue from the reused length, so the result equals a full prefill.
+        """
+        reused = [self._take_prefix(r.prompt_ids) for r in requests]
+        reused_lengths = [0 if kv is None else kv[0][0].shape[1] for kv in reused]
+        suffixes = [r.prompt_ids[n:] for r, n in zip(requests, reused_lengths, strict=True)]
+        past, length = max(reused_lengths), max(len(x) for x in suffixes)
+        ids_BS = torch.zeros(len(requests), length, dtype=torch.long)
+        mask_BT = torch.zeros(len(requests), past + length, dtype=torch.long)
+        position_ids_BS = torch.zeros(len(requests), length, dtype=torch.long)
+        for i, (n, suffix) in enumerate(zip(reused_lengths, suffixes, strict=True)):
+            ids_BS[i, length - len(suffix) :] = torch.tensor(suffix)
+            mask_BT[i, past - n : past] = 1
+            mask_BT[i, past + length - len(suffix) :] = 1
+            position_ids_BS[i, length - len(suffix) :] = torch.arange(n, n + len(suffix))
         cache = _new_cache(self.model.config.get_text_config().num_hidden_layers)
-        logits_BV = self._forward(ids_BT, mask_BT, position_ids_BT, cache)
+        if past:
+            for layer_index, layer in enumerate(cache.layers):
+                keys, values = (
+                    torch.stack([self._padded_kv(kv, reused, layer_index, j, past) for kv in reused])
+                    for j in (0, 1)
+                )
+                layer.set(keys, values, 2 * (past + length))
+        logits_BV = self._forward(
+            ids_BS.to(self.device), mask_BT.to(self.device), position_ids_BS.to(self.device), cache
+        )
         self._append_samples(requests, logits_BV)
-        self._batch.merge(requests, cache, mask_BT)
+        self._batch.merge(requests, cache, mask_BT.to(self.device))
 
     def _decode(self) -> None:
         """One step for every live row: feed its last token, sample the next."""
@@ -415,6 +447,43 @@ class HFEngine:
             return StopReason.LENGTH
         return None
 
+    @staticmethod
+    def _padded_kv(kv, reused, layer_index: int, j: int, length: int) -> torch.Tensor:
+        """Row ``kv``'s keys (j=0) or values (j=1) of one layer, left-padded to (H, length, D);
+        zeros for a row that reuses nothing."""
+        if kv is None:
+            like = next(x for x in reused if x is not None)[layer_index][j]
+            return like.new_zeros(like.shape[0], length, like.shape[2])
+        return _left_pad(kv[layer_index][j], length, 1)
+
+    def _keep_prefix(self, row: int, request: _Request) -> None:
+        """Store a finished row's KV under the tokens it covers, for a next turn that extends it."""
+        fed = request.prompt_ids + tuple(request.token_ids[:-1])
+        columns = self._batch.mask_BT[row].bool()
+        self._prefixes[fed] = [
+            (layer.keys[row][:, columns].clone(), layer.values[row][:, columns].clone())
+            for layer in self._batch.cache.layers
+        ]
+        self._prefixes.move_to_end(fed)
+        while len(self._prefixes) > self.prefix_cache_entries:
+            self._prefixes.popitem(last=False)
+
+    def _take_prefix(self, prompt_ids: tuple[int, ...]):
+        """The stored KV of the longest stored sequence that ``prompt_ids`` strictly extends (removed
+        from the store: the new request will store its own longer one), or None."""
+        best = None
+        for fed in self._prefixes:
+            if (
+                len(fed) < len(prompt_ids)
+                and (best is None or len(fed) > len(best))
+                and prompt_ids[: len(fed)] == fed
+            ):
+                best = fed
+        if best is None:
+            return None
+        self.prefix_hits += 1
+        return self._prefixes.pop(best)
+
     def _retire(self) -> None:
         """Finish the rows whose newest token ended them; keep the rest in the batch."""
         keep = []
@@ -423,5 +492,7 @@ class HFEngine:
             if reason is None:
                 keep.append(i)
             else:
+                if reason is not StopReason.ABORT and self.prefix_cache_entries > 0:
+                    self._keep_prefix(i, request)
                 self._finish(request, reason, error="cancelled" if reason is StopReason.ABORT else None)
         self._batch.keep(keep)

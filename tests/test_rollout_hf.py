@@ -95,8 +95,11 @@ def test_next_turn_reuses_the_previous_turns_kv_exactly(model):
     gaps = asyncio.run(main())
     assert max(max(g) for g in gaps) < 1e-4, gaps
     assert engine.prefix_hits == 4 * 2  # every later turn of every trajectory
-    engine.update_weights(model.state_dict().items())
-    assert not engine._prefixes  # stale KV is dropped with the old weights
+    assert engine._prefixes
+    with torch.no_grad():  # a learner stepping the shared model in place...
+        model.model.norm.weight.mul_(1.0)
+    asyncio.run(engine.generate(prompt(4), SamplingParams(max_tokens=2)))
+    assert len(engine._prefixes) == 1  # ...makes every KV stored before it stale
     no_reuse = HFEngine(model, prefix_cache_entries=0)
     first = asyncio.run(no_reuse.generate(prompt(5), SamplingParams(max_tokens=3)))
     asyncio.run(no_reuse.generate(prompt(5) + list(first.token_ids) + [1], SamplingParams(max_tokens=3)))

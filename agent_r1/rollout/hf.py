@@ -12,7 +12,8 @@ owns the model and loops:
 
 Multi-turn reuse: when a request finishes, its KV (prompt + response) is kept in a small LRU store;
 a later prompt that extends it (the next turn of the same trajectory under an append context) runs
-only its new tokens. Weight updates empty the store.
+only its new tokens. Any write to the weights (``update_weights``, or an optimizer stepping a model
+the engine shares with the learner) empties the store.
 
 Requests join and leave between decode steps, so a batch never waits for its longest member. Rows
 sit left-padded in one ``DynamicCache``; padding is masked out and positions are explicit, so a
@@ -210,6 +211,7 @@ class HFEngine:
         self.prefix_hits = 0
         # token ids fed so far (prompt + response[:-1]) -> per-layer (keys, values), each (H, T, D)
         self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self._prefixes_fingerprint = self._weights_fingerprint()
         self._batch = _Batch()
         self._waiting: list[_Request] = []
         self._wakeup = threading.Condition()
@@ -276,7 +278,6 @@ class HFEngine:
         with self._model_lock, torch.no_grad():
             for name, tensor in pairs:
                 state[name].copy_(tensor)
-            self._prefixes.clear()  # KV computed with the old weights
         self.weight_version = version
 
     def close(self) -> None:
@@ -456,8 +457,20 @@ class HFEngine:
             return like.new_zeros(like.shape[0], length, like.shape[2])
         return _left_pad(kv[layer_index][j], length, 1)
 
+    def _weights_fingerprint(self) -> int:
+        """Sum of the parameters' in-place version counters: it changes whenever any weight is
+        written (``update_weights``, or an optimizer stepping a model this engine shares)."""
+        return sum(p._version for p in self.model.parameters())
+
+    def _drop_stale_prefixes(self) -> None:
+        fingerprint = self._weights_fingerprint()
+        if fingerprint != self._prefixes_fingerprint:
+            self._prefixes.clear()
+            self._prefixes_fingerprint = fingerprint
+
     def _keep_prefix(self, row: int, request: _Request) -> None:
         """Store a finished row's KV under the tokens it covers, for a next turn that extends it."""
+        self._drop_stale_prefixes()
         fed = request.prompt_ids + tuple(request.token_ids[:-1])
         columns = self._batch.mask_BT[row].bool()
         self._prefixes[fed] = [
@@ -471,6 +484,7 @@ class HFEngine:
     def _take_prefix(self, prompt_ids: tuple[int, ...]):
         """The stored KV of the longest stored sequence that ``prompt_ids`` strictly extends (removed
         from the store: the new request will store its own longer one), or None."""
+        self._drop_stale_prefixes()
         best = None
         for fed in self._prefixes:
             if (

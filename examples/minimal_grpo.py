@@ -20,7 +20,7 @@ warm start is the reference and the run is short), and groups whose rewards are 
 Sampler and learner compute log-probs the same way, ``log_softmax(logits / temperature)`` over the
 full vocabulary with no masking, so the PPO ratio is exactly 1 before the first update.
 
-Run: ``python examples/minimal_grpo.py`` (about 5 minutes on 2 CPU cores) or ``--quick``.
+Run: ``python examples/minimal_grpo.py`` (``--help`` lists the settings; ``--quick`` for a short run).
 """
 
 from __future__ import annotations

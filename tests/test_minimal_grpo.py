@@ -79,7 +79,7 @@ def test_short_run_end_to_end(example):
     """SFT, held-out evaluation, RL steps and evaluation again, on a CI budget. A short warm start
     lowers the loss but does not yet copy numbers reliably, so this checks the pipeline, not the gain;
     ``tests/test_quickstart.py`` asserts the RL gain with the real trainer."""
-    args = example.Args(sft_demos=320, sft_epochs=2, rl_steps=1, tasks_per_step=4, group_size=4, eval_tasks=8)
+    args = example.Args(sft_demos=160, sft_epochs=2, rl_steps=1, tasks_per_step=2, group_size=4, eval_tasks=4)
     result = example.main(args)
     first, second = result["sft_losses"]
     assert second < first < 5.0  # from ~5.6 nats (uniform over 263 tokens) at initialisation

@@ -7,7 +7,7 @@ runs one RL iteration on a reasoning-gym task with the calculator tool, on CPU.
 The GGUF (Q4_1) is de-quantised by transformers into a float32 Llama checkpoint saved to a temporary
 folder, which the trainer loads like any Hugging Face model. SmolLM2's chat template does not render
 tools, so the environment uses the ``react`` tool-call format, whose system prompt describes them.
-Takes minutes on 2 cores (conversion ~2 min; one GRPO group of 2 samples x 2 turns x 32 tokens with a
+Takes minutes on 2 cores (conversion ~2 min; one GRPO group of 2 samples x up to 2 turns x 48 tokens with a
 336-token prompt, then one update of a 135M-parameter model).
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_one_rl_iteration_on_a_reasoning_gym_task_with_the_calculator(
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 1 and "reward/mean" in rows[-1]
-    assert 0.0 <= metrics["reward/mean"] <= 1.1
+    assert 0.0 <= metrics["success/mean"] <= 1.0 and math.isfinite(metrics["reward/mean"])
     trajectories = [
         json.loads(line) for line in (run_dir / "trajectories" / "step_000001.jsonl").read_text().splitlines()
     ]

@@ -195,6 +195,8 @@ def run_agent_r1(folder: Path, tasks: list[dict], args, run_dir: Path, overrides
     sampling = SamplingParams(temperature=1.0, max_tokens=args.max_new_tokens)
     flow = SingleStepFlow(tokenizer, sampling, agent_r1_reward)
     trainer = Trainer(config, tokenizer=tokenizer, model=model, flow=flow, train_tasks=tasks)
+    # Mark the start of every step (instrumentation only): a gap then covers the step and the loop's
+    # logging, as TRL's on_step_begin gaps do.
     clock = Clock()
     train_step = trainer.train_step
 

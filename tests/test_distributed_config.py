@@ -64,5 +64,5 @@ def _micro_batch(length: int) -> MicroBatch:
 
 def test_micro_batches_are_sharded_longest_first_to_the_least_loaded_worker():
     shards = shard_micro_batches([_micro_batch(n) for n in (10, 70, 30, 40, 50)], 2)
-    assert [[mb.input_ids_1T.shape[1] for mb in shard] for shard in shards] == [[70, 30], [50, 40, 10]]
+    assert [[mb.num_tokens for mb in shard] for shard in shards] == [[70, 30], [50, 40, 10]]
     assert shard_micro_batches([_micro_batch(5)], 3)[1:] == [[], []]

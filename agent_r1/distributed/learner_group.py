@@ -50,10 +50,10 @@ def shard_micro_batches(micro_batches: Sequence[MicroBatch], shards: int) -> lis
     """Greedy longest-first assignment of micro-batches to ``shards`` by token count."""
     out: list[list[MicroBatch]] = [[] for _ in range(shards)]
     load = [0] * shards
-    for mb in sorted(micro_batches, key=lambda m: -m.input_ids_1T.shape[1]):
+    for mb in sorted(micro_batches, key=lambda m: -m.num_tokens):
         k = load.index(min(load))
         out[k].append(mb)
-        load[k] += mb.input_ids_1T.shape[1]
+        load[k] += mb.num_tokens
     return out
 
 

@@ -8,10 +8,12 @@ history is processed once instead of once per step (O(T) instead of O(T^2) token
 the environment rewrites the context (a window, a summary), the prefix test fails and a new sequence
 starts, so every layout the MDP allows stays exact.
 
-Sequences are then packed first-fit-decreasing into micro-batches under a token budget: one row per
-micro-batch, the sequences side by side with position ids restarting at 0 for each, which Hugging Face
-models turn into a block-diagonal causal mask (no padding at all; ``tests/test_batching.py`` checks the
-log-probs and gradients against one padded row per step).
+Sequences are then packed first-fit-decreasing into rows no wider than the longest sequence, and the
+rows into micro-batches under a token budget: in a row the sequences sit side by side with position ids
+restarting at 0 for each, which Hugging Face models turn into a block-diagonal causal mask; a row's
+padding is one more segment, never scored. Rows are capped because without a variable-length attention
+kernel a packed row's attention costs (row width)^2 (``tests/test_batching.py`` checks the log-probs
+and gradients against one unpadded forward per step).
 
 Every per-token quantity of a batch (old log-probs, advantages, masks) lives in one flat "token order":
 step rows in order, each row's response tokens in order. ``StepRows`` gives each row's offset into it;
@@ -142,46 +144,77 @@ def pack_sequences(sequences: Sequence[TrainSequence], token_budget: int) -> lis
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """One packed forward row and where its scored tokens go in the flat token order.
+    """One forward batch of packed rows and where its scored tokens go in the flat token order.
 
-    ``input_ids_1T`` / ``position_ids_1T``: the packed sequences, positions restarting per sequence.
-    ``logit_positions_K``: for each scored token, the position whose logits predict it (its position - 1).
+    ``input_ids_BT`` / ``position_ids_BT``: B rows of T tokens, each row several sequences side by side
+    with positions restarting at 0 for each (Hugging Face then masks attention block-diagonally); a
+    row's padding is one more such segment, never scored. ``logit_index_K``: for each scored token, the
+    index into the flattened (B*T) positions whose logits predict it (its position - 1).
     ``target_ids_K``: the scored tokens. ``flat_index_K``: their indices in the batch's flat token order.
     """
 
-    input_ids_1T: torch.Tensor  # (1, T)
-    position_ids_1T: torch.Tensor  # (1, T)
-    logit_positions_K: torch.Tensor  # (K,)
+    input_ids_BT: torch.Tensor  # (B, T)
+    position_ids_BT: torch.Tensor  # (B, T)
+    logit_index_K: torch.Tensor  # (K,) into the flattened (B*T)
     target_ids_K: torch.Tensor  # (K,)
     flat_index_K: torch.Tensor  # (K,)
 
     @property
     def num_tokens(self) -> int:
-        return int(self.input_ids_1T.shape[1])
+        return int(self.input_ids_BT.numel())
 
 
 def make_micro_batches(
-    sequences: Sequence[TrainSequence], rows: StepRows, token_budget: int
+    sequences: Sequence[TrainSequence],
+    rows: StepRows,
+    token_budget: int,
+    *,
+    row_width: int | None = None,
+    pad_token_id: int = 0,
 ) -> list[MicroBatch]:
-    """Pack ``sequences`` under ``token_budget`` tokens per micro-batch and index their scored tokens."""
-    micro_batches = []
-    for packed in pack_sequences(sequences, token_budget):
-        input_ids, positions, logit_pos, targets, flat = [], [], [], [], []
+    """Pack ``sequences`` into rows, the rows into micro-batches of at most ``token_budget`` tokens.
+
+    A row is at most ``row_width`` tokens wide (default: the longest sequence), never one long row per
+    budget: without a variable-length attention kernel (CPU, plain SDPA) a packed row's attention
+    costs (row width)^2 whatever the sequences inside it, so wide rows would make packing slower than
+    padding. Rows of a micro-batch are right-padded to the widest of them.
+    """
+    width = max(row_width or 0, max((len(s) for s in sequences), default=1))
+    packed_rows = pack_sequences(sequences, width)
+    packed_rows.sort(key=count_tokens, reverse=True)
+    micro_batches: list[MicroBatch] = []
+    i = 0
+    while i < len(packed_rows):
+        # Rows are sorted widest first, so the first row of a group sets its width.
+        group_width = count_tokens(packed_rows[i])
+        n_rows = max(1, token_budget // max(group_width, 1))
+        micro_batches.append(_micro_batch(packed_rows[i : i + n_rows], group_width, rows, pad_token_id))
+        i += n_rows
+    return micro_batches
+
+
+def _micro_batch(
+    packed_rows: Sequence[Sequence[TrainSequence]], width: int, rows: StepRows, pad_token_id: int
+) -> MicroBatch:
+    input_ids, positions, logit_index, targets, flat = [], [], [], [], []
+    for r, packed in enumerate(packed_rows):
+        row_ids: list[int] = []
+        row_positions: list[int] = []
         for sequence in packed:
-            base = len(input_ids)
-            input_ids.extend(sequence.token_ids)
-            positions.extend(range(len(sequence)))
+            base = r * width + len(row_ids)
+            row_ids.extend(sequence.token_ids)
+            row_positions.extend(range(len(sequence)))
             for span in sequence.spans:
-                logit_pos.extend(range(base + span.start - 1, base + span.start + span.length - 1))
+                logit_index.extend(range(base + span.start - 1, base + span.start + span.length - 1))
                 targets.extend(sequence.token_ids[span.start : span.start + span.length])
                 flat.extend(rows.token_index(span.row))
-        micro_batches.append(
-            MicroBatch(
-                input_ids_1T=torch.tensor([input_ids], dtype=torch.long),
-                position_ids_1T=torch.tensor([positions], dtype=torch.long),
-                logit_positions_K=torch.tensor(logit_pos, dtype=torch.long),
-                target_ids_K=torch.tensor(targets, dtype=torch.long),
-                flat_index_K=torch.tensor(flat, dtype=torch.long),
-            )
-        )
-    return micro_batches
+        padding = width - len(row_ids)
+        input_ids.append(row_ids + [pad_token_id] * padding)
+        positions.append(row_positions + list(range(padding)))
+    return MicroBatch(
+        input_ids_BT=torch.tensor(input_ids, dtype=torch.long),
+        position_ids_BT=torch.tensor(positions, dtype=torch.long),
+        logit_index_K=torch.tensor(logit_index, dtype=torch.long),
+        target_ids_K=torch.tensor(targets, dtype=torch.long),
+        flat_index_K=torch.tensor(flat, dtype=torch.long),
+    )

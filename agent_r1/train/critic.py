@@ -4,7 +4,7 @@
 the policy checkpoint with a zero head (as in PPO for RLHF: Ouyang et al. 2022, arXiv 2203.02155; the
 value starts at 0 and is learned). The value of the prefix before each response token is read from
 the hidden state at the position whose logits predict that token, the same positions the policy's
-log-probs use (``MicroBatch.logit_positions_K``), so:
+log-probs use (``MicroBatch.logit_index_K``), so:
 
 - ``gae_token`` reads ``token_values``: one value per response token, V(s) before the token;
 - ``gae_step`` reads ``step_values``: the value before the step's first response token, i.e. of the
@@ -64,5 +64,5 @@ def micro_batch_values(
 ) -> tuple[Tensor, None]:
     """Values (K,) of the prefix before each scored token (``Learner`` forward signature)."""
     device = next(model.parameters()).device
-    values_1T = model(micro_batch.input_ids_1T.to(device), micro_batch.position_ids_1T.to(device))
-    return values_1T[0, micro_batch.logit_positions_K.to(device)].float(), None
+    values_BT = model(micro_batch.input_ids_BT.to(device), micro_batch.position_ids_BT.to(device))
+    return values_BT.flatten(0, 1)[micro_batch.logit_index_K.to(device)].float(), None

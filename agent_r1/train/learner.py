@@ -76,11 +76,11 @@ def micro_batch_logprobs(
     token's distribution, both under ``softmax(logits / temperature)`` in fp32."""
     device = next(model.parameters()).device
     out = model(
-        input_ids=micro_batch.input_ids_1T.to(device),
-        position_ids=micro_batch.position_ids_1T.to(device),
+        input_ids=micro_batch.input_ids_BT.to(device),
+        position_ids=micro_batch.position_ids_BT.to(device),
         use_cache=False,  # a cache disables Hugging Face's packed-sequence masking
     )
-    logits_KV = out.logits[0, micro_batch.logit_positions_K.to(device)].float() / temperature
+    logits_KV = out.logits.flatten(0, 1)[micro_batch.logit_index_K.to(device)].float() / temperature
     logprobs_KV = torch.log_softmax(logits_KV, dim=-1)
     logprobs_K = logprobs_KV.gather(-1, micro_batch.target_ids_K.to(device)[:, None])[:, 0]
     entropy_K = None

@@ -494,10 +494,13 @@ class Trainer:
             "seq_ids": torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids]),
         }
         all_micro_batches = make_micro_batches(sequences, rows, self.config.trainer.micro_batch_tokens)
-        if self.config.algorithm.old_logprobs == "learner":
-            tokens["old_logprobs"] = self.learner.logprobs(all_micro_batches, num_tokens)
-        else:
+        single_pass = self.config.trainer.ppo_epochs == 1 and self.config.trainer.mini_batches == 1
+        if self.config.algorithm.old_logprobs == "sampler":
             tokens["old_logprobs"] = tokens["sampler_logprobs"]
+        elif not single_pass:
+            tokens["old_logprobs"] = self.learner.logprobs(all_micro_batches, num_tokens)
+        # With one optimizer step per batch the policy has not moved since rollout: the old log-probs
+        # are the update's own, detached (``_token_loss``), so their extra forward pass is skipped.
         if self.config.algorithm.kl_coef > 0:
             tokens["ref_logprobs"] = self.learner.logprobs(all_micro_batches, num_tokens, reference=True)
         if self.critic is not None:
@@ -512,7 +515,8 @@ class Trainer:
         """Phase 5: the configured estimator on the step table; returns advantages (N, L) (and, with a
         critic, stores the value targets in ``batch.tokens["returns"]``)."""
         table = StepTable.from_groups(batch.groups)
-        table = replace(table, old_logprobs=batch.to_padded(batch.tokens["old_logprobs"]))
+        if "old_logprobs" in batch.tokens:
+            table = replace(table, old_logprobs=batch.to_padded(batch.tokens["old_logprobs"]))
         if self.critic is not None:
             values_NL = batch.to_padded(batch.tokens["old_values"])
             table = replace(table, token_values=values_NL, step_values=values_NL[:, 0])
@@ -598,9 +602,10 @@ class Trainer:
 
     def _token_loss(self, logprobs_K: Tensor, entropy_K: Tensor | None, tokens: Mapping[str, Tensor]):
         algo = self.config.algorithm
+        old_logprobs_K = tokens["old_logprobs"] if "old_logprobs" in tokens else logprobs_K.detach()
         loss_K, stats = self.policy_loss(
             logprobs_K,
-            tokens["old_logprobs"],
+            old_logprobs_K,
             tokens["advantages"],
             tokens["mask"],
             self.policy_loss_config,

@@ -30,7 +30,7 @@ import json
 import random
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +68,7 @@ class Episode:
     turns: int = 0
     done: bool = False
     reward: float = 0.0
+    memory: arithmetic.CalculatorMemory = field(default_factory=arithmetic.CalculatorMemory)
 
 
 _CALL_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
@@ -79,7 +80,9 @@ def encode(tok, text: str) -> list[int]:
 
 def start_episode(tok, task: dict) -> Episode:
     ids = encode(tok, tok.apply_chat_template(task["prompt"], add_generation_prompt=True, tokenize=False))
-    return Episode(task, ids, [0] * len(ids), [0.0] * len(ids))
+    episode = Episode(task, ids, [0] * len(ids), [0.0] * len(ids))
+    episode.memory.reset(task)
+    return episode
 
 
 def env_step(tok, ep: Episode, response: list[int], logprobs: list[float], max_turns: int) -> None:
@@ -92,10 +95,10 @@ def env_step(tok, ep: Episode, response: list[int], logprobs: list[float], max_t
     answer = arithmetic.extract_answer(text)
     match = _CALL_RE.search(text)
     if answer is not None or match is None or ep.turns >= max_turns or response[-1] != tok.eos_token_id:
-        ep.done, ep.reward = True, arithmetic.score(answer, ep.task)
+        ep.done, ep.reward = True, arithmetic.score(ep.memory.resolve(answer), ep.task)
         return
     try:
-        result = arithmetic.calculator(json.loads(match.group(1))["arguments"]["expression"])
+        result = ep.memory.evaluate(json.loads(match.group(1))["arguments"]["expression"])
     except (ValueError, KeyError, TypeError) as e:  # a bad call is an observation, not a crash
         result = f"error: {e}"
     # Exactly what the chat template renders for a role "tool" message after an assistant turn.

@@ -41,11 +41,12 @@ def test_episodes_match_the_real_tool_env(example, tok):
     from agent_r1.train.sft import replay_demonstrations, sft_sequences
 
     tasks = arithmetic.make_dataset(30, seed=4)
-    replayed = sft_sequences(
-        replay_demonstrations(lambda: arithmetic.make_env(tok), tok, tasks, arithmetic.demonstrate, seed=7)
+    trajectories = replay_demonstrations(
+        lambda: arithmetic.make_env(tok), tok, tasks, arithmetic.demonstrate, seed=7
     )
+    replayed = sft_sequences(trajectories)
     rng = random.Random(7)
-    for task, sequence in zip(tasks, replayed, strict=True):
+    for task, sequence, trajectory in zip(tasks, replayed, trajectories, strict=True):
         episode = example.start_episode(tok, task)
         for text in arithmetic.demonstrate(task, rng):
             ids = example.encode(tok, text) + [tok.eos_token_id]
@@ -55,7 +56,7 @@ def test_episodes_match_the_real_tool_env(example, tok):
         assert [i for i, m in enumerate(episode.mask) if m] == [
             i for span in sequence.spans for i in range(span.start, span.start + span.length)
         ]
-        assert episode.reward == arithmetic.score(arithmetic.extract_answer(tok.decode(episode.tokens)), task)
+        assert episode.reward == trajectory.outcome_reward
 
 
 def test_sampler_and_learner_logprobs_agree(example, tok):

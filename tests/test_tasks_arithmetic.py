@@ -3,6 +3,7 @@ systematic errors, the task registry, and replay through the real ToolEnv."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -19,12 +20,23 @@ def test_calculator_evaluates_one_operation(expression, result):
     assert ar.calculator(expression) == result
 
 
+def test_calculator_knows_the_task_values_and_its_last_result():
+    memory = ar.CalculatorMemory()
+    memory.reset({"a": 37, "b": 84, "c": 612})
+    assert memory.resolve("ans") is None
+    assert memory.evaluate("x*y") == "3108"
+    assert memory.evaluate("ans-z") == "2496"
+    assert memory.resolve("ans") == "2496" and memory.resolve("17") == "17"
+    with pytest.raises(ValueError, match="unknown name 'w'"):
+        memory.evaluate("w*2")
+
+
 @pytest.mark.parametrize(
     "expression",
     ["1+2+3", "12*7-1", "(3)", "7", "2**10", "8/2", "a*b", "__import__('os')", "1.5*2", "12*", "10**13*1"],
 )
 def test_calculator_rejects_anything_but_one_integer_operation(expression):
-    with pytest.raises(ValueError, match="operation|integers|parse|below"):
+    with pytest.raises(ValueError, match="operation|integers|parse|below|unknown name"):
         ar.calculator(expression)
 
 
@@ -38,7 +50,10 @@ def test_dataset_is_reproducible_and_splits_are_disjoint():
     for row in train[:50]:
         a, b, c = row["a"], row["b"], row["c"]
         assert int(row["answer"]) == (a * b + c if row["op"] == "+" else a * b - c)
-        assert row["prompt"][-1] == {"role": "user", "content": f"Compute {row['expression']}"}
+        assert row["prompt"][-1] == {
+            "role": "user",
+            "content": f"Compute x*y{row['op']}z for x={a}, y={b}, z={c}",
+        }
     assert {r["op"] for r in train} == {"+", "-"}
     with pytest.raises(ValueError, match="split"):
         ar.make_dataset(1, split="validation")
@@ -49,6 +64,7 @@ def test_answer_extraction_and_score():
     assert ar.extract_answer("so <answer> 2496 </answer>") == "2496"
     assert ar.extract_answer("<answer>1</answer> then <answer>-7</answer>") == "-7"
     assert ar.extract_answer("2496") is None
+    assert ar.extract_answer("<answer>ans</answer>") == "ans"
     assert ar.score("2496", task) == 1.0
     assert ar.score("2495", task) == 0.0
     assert ar.score(None, task) == 0.0
@@ -57,9 +73,12 @@ def test_answer_extraction_and_score():
 
 def _follow(task, responses):
     """Run the demonstrator's responses through the calculator; return the final answer."""
+    memory = ar.CalculatorMemory()
+    memory.reset(task)
     for text in responses[:-1]:
         assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>")
-    return ar.extract_answer(responses[-1])
+        memory.evaluate(json.loads(text.split("\n")[1])["arguments"]["expression"])
+    return memory.resolve(ar.extract_answer(responses[-1]))
 
 
 def test_demonstrator_is_right_without_errors_and_uses_two_calls():
@@ -117,6 +136,6 @@ def test_demonstrations_replay_through_tool_env(tiny_tokenizer):
     ]
     prompt = tiny_tokenizer.decode(first.steps[0].prompt_ids)
     assert ar.SYSTEM_PROMPT in prompt and "# Tools" not in prompt
-    assert len(first.steps[0].prompt_ids) < 150
+    assert len(first.steps[0].prompt_ids) < 200
     imperfect = replay_demonstrations(env_factory, tiny_tokenizer, tasks, ar.demonstrate, seed=0)
     assert 0.3 < sum(t.outcome_reward for t in imperfect) / len(tasks) < 0.9

@@ -30,6 +30,8 @@ class TaskSpec:
     - ``demonstrate(task, rng)``: the assistant responses of one demonstration, for a supervised warm
       start (None when the task has no demonstrator).
     - ``max_turns``: responses per episode that comfortably fit a correct solution.
+    - ``make_env(tokenizer, **env_kwargs)``: optional; builds the env itself when the task's tools keep
+      per-episode state bound to the task (otherwise ``ToolEnv`` is built from the fields above).
     """
 
     name: str
@@ -40,6 +42,7 @@ class TaskSpec:
     reward: Callable[[str, Task], float]
     demonstrate: Callable[[Task, random.Random], list[str]] | None = None
     max_turns: int = 4
+    make_env: Callable[..., Any] | None = None  # (tokenizer, **env_kwargs) -> env, for stateful tools
 
 
 TASKS: dict[str, str] = {

@@ -1,24 +1,27 @@
-"""A synthetic multi-step tool task: ``a*b+c`` or ``a*b-c`` with a one-operation calculator.
+"""A synthetic multi-step tool task: ``x*y+z`` or ``x*y-z`` with a one-operation calculator.
 
-The model is asked e.g. ``Compute 37*84-612`` (two-digit factors whose product has four digits,
-a three-digit ``c``: every prompt and every call has the same length, so the numbers to copy sit at
-fixed distances, which a tiny model learns far sooner than content-based copying). Its calculator takes exactly ONE binary operation per
-call, and a byte-level model of a million parameters cannot multiply two-digit numbers in its head, so
-a correct answer needs two calls (``37*84`` -> ``3108``, then ``3108-612`` -> ``2496``) and a final
-``<answer>2496</answer>``. Every character is a token for the tiny tokenizer, so the prompt and the
-calls are kept short.
+The model is asked e.g. ``Compute x*y-z for x=37, y=84, z=612``. Its calculator takes exactly ONE
+binary operation per call and knows the task's values by name (``x``, ``y``, ``z``) plus ``ans``,
+its previous result, like a pocket calculator's memory. A byte-level model of a million parameters
+cannot multiply two-digit numbers in its head, so a correct answer needs two calls (``x*y`` ->
+``3108``, then ``ans-z`` -> ``2496``) and a final ``<answer>ans</answer>`` (``<answer>2496</answer>``
+is accepted too). Deviation from a plain calculator task, and why: referring to values by name spares
+the tiny model from copying digits, which it learns only after far more supervised steps than a
+minutes-long CPU run affords; the skill left to learn, and that RL improves, is choosing the right
+calls and stopping at the right time.
 
 The demonstrator (``demonstrate``) is deliberately imperfect, and its errors are *systematic*: for
 some inputs its most likely action is wrong, so a model cloned from it by supervised learning makes
 the same mistake under greedy decoding, and only reinforcement learning (which samples the rarer right
 action and is rewarded for it) can fix it. Its two habits:
 
-- **sign slip**: on subtraction tasks it usually adds ``c`` instead of subtracting it;
+- **sign slip**: on subtraction tasks it usually adds ``z`` instead of subtracting it;
 - **premature answer**: when the product is 5000 or more it usually answers the product itself,
   skipping the second call.
 
-Train and held-out tasks are disjoint by construction: a task belongs to the held-out split when a
-hash of its expression says so, whatever the seed.
+Every prompt and call has the same length (two-digit factors with a four-digit product, a three-digit
+``z``). Train and held-out tasks are disjoint: a task belongs to the held-out split when a hash of its
+expression says so, whatever the seed.
 """
 
 from __future__ import annotations
@@ -32,73 +35,89 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from agent_r1.envs.tool_env import ToolEnv
 from agent_r1.tools import Tool, tool
 from agent_r1.tools.formats import HermesFormat
 
 __all__ = [
     "SYSTEM_PROMPT",
     "TOOL_NAME",
+    "ArithmeticEnv",
+    "CalculatorMemory",
     "answer_text",
+    "build_task",
     "calculator",
-    "calculator_schema",
     "demonstrate",
     "extract_answer",
-    "make_env",
-    "build_task",
     "make_dataset",
+    "make_env",
     "score",
     "tool_call_text",
     "tools",
 ]
 
 TOOL_NAME = "calculator"
-SYSTEM_PROMPT = "Use the calculator, one operation per call. End with <answer>N</answer>."
+SYSTEM_PROMPT = (
+    "Use the calculator, one operation per call; it knows x, y, z and ans (its last result). "
+    "End with <answer>ans</answer>."
+)
 HELDOUT_FRACTION = 0.2
-_ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+_ANSWER_RE = re.compile(r"<answer>\s*(-?\d+|ans)\s*</answer>")
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 _SYMBOLS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
-def calculator(expression: str) -> str:
-    """Evaluate ONE binary operation on two integers (``+``, ``-`` or ``*``), e.g. ``"37*84"``.
+def calculator(expression: str, names: Mapping[str, int] | None = None) -> str:
+    """Evaluate ONE binary operation (``+``, ``-`` or ``*``) on integers or ``names``, e.g. ``"x*y"``.
 
-    Anything else (two operations, names, calls, floats, huge operands) raises ``ValueError`` with a
-    message the model can read; parsing uses ``ast``, never ``eval``.
+    Anything else (two operations, unknown names, calls, floats, huge operands) raises ``ValueError``
+    with a message the model can read; parsing uses ``ast``, never ``eval``.
     """
+    names = names or {}
     try:
         tree = ast.parse(str(expression).strip(), mode="eval").body
     except SyntaxError as e:
-        raise ValueError(f"cannot parse {expression!r}: write one operation such as 12*7") from e
+        raise ValueError(f"cannot parse {expression!r}: write one operation such as x*y") from e
     if not isinstance(tree, ast.BinOp) or type(tree.op) not in _OPERATORS:
-        raise ValueError(f"{expression!r} is not one operation of +, - or *, e.g. 12*7")
+        raise ValueError(f"{expression!r} is not one operation of +, - or *, e.g. x*y")
     operands = []
     for side in (tree.left, tree.right):
+        sign = 1
         if isinstance(side, ast.UnaryOp) and isinstance(side.op, ast.USub):
             side, sign = side.operand, -1
-        else:
-            sign = 1
+        if isinstance(side, ast.Name):
+            if side.id not in names:
+                known = ", ".join(sorted(names)) or "none"
+                raise ValueError(f"{expression!r}: unknown name {side.id!r} (known: {known})")
+            operands.append(sign * names[side.id])
+            continue
         if not (isinstance(side, ast.Constant) and type(side.value) is int):
-            raise ValueError(f"{expression!r}: both operands must be integers (one operation per call)")
+            raise ValueError(f"{expression!r}: both operands must be integers or names (one operation)")
         if abs(side.value) >= 10**12:
             raise ValueError(f"{expression!r}: operands must be below 10**12")
         operands.append(sign * side.value)
     return str(_OPERATORS[type(tree.op)](*operands))
 
 
-def calculator_schema() -> dict[str, Any]:
-    """The OpenAI function schema of ``calculator`` (for templates that render tool schemas)."""
-    return {
-        "type": "function",
-        "function": {
-            "name": TOOL_NAME,
-            "description": "Evaluate one operation on two integers: +, - or *.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string", "description": "e.g. 12*7"}},
-                "required": ["expression"],
-            },
-        },
-    }
+class CalculatorMemory:
+    """One episode's calculator state: the task's values (x, y, z) and ``ans``, the last result."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, int] = {}
+
+    def reset(self, task: Mapping[str, Any]) -> None:
+        self.names = {"x": int(task["a"]), "y": int(task["b"]), "z": int(task["c"])}
+
+    def evaluate(self, expression: str) -> str:
+        result = calculator(expression, self.names)
+        self.names["ans"] = int(result)
+        return result
+
+    def resolve(self, answer: str | None) -> str | None:
+        """An extracted answer with ``ans`` replaced by the last result (None if there is none)."""
+        if answer == "ans":
+            return str(self.names["ans"]) if "ans" in self.names else None
+        return answer
 
 
 def _is_heldout(expression: str) -> bool:
@@ -125,20 +144,19 @@ def make_dataset(n: int, *, split: str = "train", seed: int = 0) -> list[dict[st
         if a * b < 1000 or expression in seen or _is_heldout(expression) != (split == "test"):
             continue
         seen.add(expression)
-        answer = _SYMBOLS[op](a * b, c)
         rows.append(
             {
                 "id": f"{split}-{seed}-{len(rows)}",
                 "prompt": [
                     {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": f"Compute {expression}"},
+                    {"role": "user", "content": f"Compute x*y{op}z for x={a}, y={b}, z={c}"},
                 ],
                 "expression": expression,
                 "a": a,
                 "b": b,
                 "c": c,
                 "op": op,
-                "answer": str(answer),
+                "answer": str(_SYMBOLS[op](a * b, c)),
             }
         )
     return rows
@@ -155,13 +173,13 @@ def answer_text(value: int | str) -> str:
 
 
 def extract_answer(text: str) -> str | None:
-    """The integer inside the last ``<answer>...</answer>`` of ``text``, or None."""
+    """The content (an integer or ``ans``) of the last ``<answer>...</answer>`` of ``text``, or None."""
     found = _ANSWER_RE.findall(text)
     return found[-1] if found else None
 
 
 def score(answer: str | None, task: Mapping[str, Any]) -> float:
-    """1.0 when the extracted answer equals the task's answer, else 0.0."""
+    """1.0 when the (resolved) answer equals the task's answer, else 0.0."""
     if answer is None:
         return 0.0
     try:
@@ -175,16 +193,15 @@ def demonstrate(task: Mapping[str, Any], rng: random.Random, *, error_rate: floa
 
     With probability ``error_rate`` the demonstrator follows its bad habit where one applies (see
     the module docstring), so for those inputs its most common action is wrong when
-    ``error_rate > 0.5``. The tool results it expects are what ``calculator`` returns.
+    ``error_rate > 0.5``.
     """
-    a, b, c, op = int(task["a"]), int(task["b"]), int(task["c"]), task["op"]
-    product = a * b
-    first = tool_call_text(f"{a}*{b}")
-    if product >= 5000 and rng.random() < error_rate:
-        return [first, answer_text(product)]
+    first = tool_call_text("x*y")
+    if int(task["a"]) * int(task["b"]) >= 5000 and rng.random() < error_rate:
+        return [first, answer_text("ans")]
+    op = task["op"]
     if op == "-" and rng.random() < error_rate:
         op = "+"
-    return [first, tool_call_text(f"{product}{op}{c}"), answer_text(_SYMBOLS[op](product, c))]
+    return [first, tool_call_text(f"ans{op}z"), answer_text("ans")]
 
 
 class SystemPromptHermes(HermesFormat):
@@ -192,35 +209,56 @@ class SystemPromptHermes(HermesFormat):
 
     ``ToolEnv`` renders the chat template's ``# Tools`` block (hundreds of characters of JSON schema)
     unless the format supplies its own system-prompt text; returning an empty text tells it to render
-    neither. A byte-level model pays one token per character, so the arithmetic task's compact
-    ``SYSTEM_PROMPT`` replaces the schema block.
+    neither. A byte-level model pays one token per character, so the compact ``SYSTEM_PROMPT``
+    replaces the schema block.
     """
 
     def system_prompt(self, tool_schemas: list[dict]) -> str:
         return ""
 
 
-def tools() -> list[Tool]:
-    """The task's one tool, ``calculator`` (see ``calculator``)."""
-    return [tool(calculator, name=TOOL_NAME, timeout=5.0)]
+def tools(memory: CalculatorMemory | None = None) -> list[Tool]:
+    """The task's one tool, ``calculator``, over one episode's ``memory``."""
+    memory = memory or CalculatorMemory()
+
+    def calculator_tool(expression: str) -> str:
+        """Evaluate one operation (+, - or *) on integers or the names x, y, z and ans.
+
+        Args:
+            expression: e.g. x*y or ans-z
+        """
+        return memory.evaluate(expression)
+
+    return [tool(calculator_tool, name=TOOL_NAME, timeout=5.0)]
 
 
-def make_env(tokenizer, *, max_turns: int = 4, context: str = "append"):
-    """A ``ToolEnv`` for this task: the calculator, compact prompt, ``<answer>`` scoring.
+class ArithmeticEnv(ToolEnv):
+    """``ToolEnv`` whose calculator memory is bound to each task and whose ``ans`` answer resolves."""
+
+    def __init__(self, tokenizer, *, max_turns: int = 4, context: str = "append", **kwargs: Any) -> None:
+        self.memory = CalculatorMemory()
+        kwargs.setdefault("format", SystemPromptHermes())
+        super().__init__(
+            tokenizer,
+            tools(self.memory),
+            context=context,
+            outcome_reward=lambda answer, task: score(self.memory.resolve(answer), task),
+            extract_answer=extract_answer,
+            max_turns=max_turns,
+            **kwargs,
+        )
+
+    async def reset(self, task: Mapping[str, Any]):
+        self.memory.reset(task)
+        return await super().reset(task)
+
+
+def make_env(tokenizer, *, max_turns: int = 4, context: str = "append", **kwargs: Any) -> ArithmeticEnv:
+    """An ``ArithmeticEnv``: the calculator, the compact prompt, ``<answer>`` scoring.
 
     Usable as ``env.name: agent_r1.tasks.arithmetic:make_env`` in a training config.
     """
-    from agent_r1.envs.tool_env import ToolEnv
-
-    return ToolEnv(
-        tokenizer,
-        tools(),
-        format=SystemPromptHermes(),
-        context=context,
-        outcome_reward=score,
-        extract_answer=extract_answer,
-        max_turns=max_turns,
-    )
+    return ArithmeticEnv(tokenizer, max_turns=max_turns, context=context, **kwargs)
 
 
 def build_task():
@@ -236,4 +274,5 @@ def build_task():
         reward=score,
         demonstrate=demonstrate,
         max_turns=4,
+        make_env=make_env,
     )

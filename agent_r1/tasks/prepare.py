@@ -50,6 +50,8 @@ def task_env(tokenizer, task: str, *, task_kwargs: Mapping[str, Any] | None = No
 
     spec = build(task, task_kwargs)
     env_kwargs.setdefault("max_turns", spec.max_turns)
+    if spec.make_env is not None:
+        return spec.make_env(tokenizer, **env_kwargs)
     env_kwargs.setdefault("format", spec.tool_format())
     return ToolEnv(
         tokenizer,

@@ -37,11 +37,6 @@ def test_cli_lists_quickstart():
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (docs/quickstart.md): the SFT warm start learns the format but copies digits only "
-    "approximately, so held-out success after SFT is 0 and GRPO has no signal",
-)
 def test_quick_run_improves_over_the_sft_start(tmp_path):
     """The CI-sized run: RL must beat the supervised start on the fixed held-out set (fixed seeds)."""
     out = tmp_path / "qs"

@@ -42,7 +42,7 @@ from agent_r1.tasks import arithmetic
 @dataclass
 class Args:
     seed: int = 0
-    sft_demos: int = 2000  # demonstrations for the warm start
+    sft_demos: int = 800  # demonstrations for the warm start
     sft_epochs: int = 3
     sft_lr: float = 3e-3
     sft_batch: int = 16
@@ -288,7 +288,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--quick", action="store_true", help="a short run (for tests)")
     ns = vars(parser.parse_args(argv))
     if ns.pop("quick"):
-        ns.update(sft_demos=1200, rl_steps=8, eval_tasks=100)
+        ns.update(rl_steps=8, eval_tasks=100)
     return Args(**ns)
 
 

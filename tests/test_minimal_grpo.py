@@ -77,11 +77,12 @@ def test_sampler_and_learner_logprobs_agree(example, tok):
 
 @pytest.mark.slow
 def test_short_run_end_to_end(example):
-    """SFT, held-out evaluation, RL steps and evaluation again, on a CI budget. A short warm start
-    lowers the loss but does not yet copy numbers reliably, so this checks the pipeline, not the gain;
+    """SFT, held-out evaluation, RL steps and evaluation again, on a CI budget: the warm start must
+    solve a real share of the held-out tasks (the demonstrator's habits leave it well short of all);
     ``tests/test_quickstart.py`` asserts the RL gain with the real trainer."""
-    args = example.Args(sft_demos=160, sft_epochs=2, rl_steps=1, tasks_per_step=2, group_size=4, eval_tasks=4)
+    args = example.Args(rl_steps=1, tasks_per_step=4, group_size=4, eval_tasks=32)
     result = example.main(args)
-    first, second = result["sft_losses"]
-    assert second < first < 5.0  # from ~5.6 nats (uniform over 263 tokens) at initialisation
-    assert 0.0 <= result["before"] <= 1.0 and 0.0 <= result["after"] <= 1.0
+    first, *_, last = result["sft_losses"]
+    assert last < first < 5.0  # from ~5.6 nats (uniform over 263 tokens) at initialisation
+    assert 0.2 <= result["before"] <= 0.8, result
+    assert 0.0 <= result["after"] <= 1.0

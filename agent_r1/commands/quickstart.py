@@ -28,8 +28,8 @@ HELP = (
 )
 
 # The full default and the short CI run (--quick).
-DEFAULTS = {"sft_demos": 800, "sft_epochs": 2, "rl_steps": 20, "eval_tasks": 200}
-QUICK = {"sft_demos": 800, "sft_epochs": 2, "rl_steps": 8, "eval_tasks": 100}
+DEFAULTS = {"sft_demos": 800, "sft_epochs": 3, "rl_steps": 20, "eval_tasks": 200}
+QUICK = {"sft_demos": 800, "sft_epochs": 3, "rl_steps": 8, "eval_tasks": 100}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

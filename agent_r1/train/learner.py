@@ -12,6 +12,12 @@
 - The model stays in eval mode (dropout off) except during an update with gradient checkpointing
   (which Hugging Face only applies in train mode); RL practice trains with dropout 0 so that the
   learner's distribution is the sampler's.
+- Data parallelism plugs in through ONE extension point, ``GradientSync`` (the single-process default
+  does nothing): it picks the module the update runs forward/backward on (a DDP or FSDP2 wrapper), how
+  many passes every rank runs (collectives need equal counts; a rank short of micro-batches runs
+  zero-weight padding passes), suspends gradient reduction for all but the last backward, and sums
+  the loss, the finite flag and the statistics over the ranks after accumulation, before clipping
+  (``agent_r1.distributed.strategy``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from agent_r1.train.config import ModelConfig, TrainerConfig
 __all__ = [
     "Learner",
     "Forward",
+    "GradientSync",
     "MiniBatch",
     "TokenLoss",
     "load_policy",
@@ -41,6 +48,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_LOSS, _WEIGHT, _NON_FINITE = "_loss_sum", "_stat_weight", "_non_finite"  # reduced with the stat sums
 
 
 def load_policy(config: ModelConfig, *, path: str | None = None):
@@ -109,6 +117,49 @@ class MiniBatch:
     tokens: Mapping[str, Tensor]  # name -> (num_tokens,) in the batch's flat token order
 
 
+class GradientSync:
+    """How ``Learner`` shares an update with other data-parallel ranks; this default shares nothing.
+
+    Contract for a data-parallel subclass (``agent_r1.distributed.strategy``): every rank runs
+    ``Learner.update`` on its own shard of a mini-batch, weighted by the mini-batch's *global*
+    aggregation weights, so that the SUM over ranks of their gradients (and losses) is the
+    single-process one; every rank must then take the same optimizer step.
+    """
+
+    stops_early = True
+    """Whether an update may stop at the first non-finite loss (a rank in a group may not: the others
+    wait in collectives for its remaining passes)."""
+
+    def training_module(self, model):
+        """The module the update's forward and backward passes run on (e.g. a DDP wrapper)."""
+        return model
+
+    def num_passes(self, local: int, *, backward: bool) -> int:
+        """How many forward (and, with ``backward``, backward) passes this rank runs, given that it has
+        ``local`` micro-batches; the passes past ``local`` are zero-weight padding."""
+        return local
+
+    def accumulating(self, module) -> contextlib.AbstractContextManager:
+        """Entered around every backward but the last: gradients accumulate locally."""
+        return contextlib.nullcontext()
+
+    def reduce(self, sums: dict[str, float]) -> dict[str, float]:
+        """Called after accumulation, before clipping: the totals summed over ranks (keys may differ
+        between ranks; a missing key counts 0)."""
+        return sums
+
+    def grad_norm(self, parameters: Sequence[torch.nn.Parameter], max_norm: float) -> float:
+        """Clip the (already reduced) gradients to ``max_norm``; return the norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+
+
+def padding_micro_batch() -> MicroBatch:
+    """One token at position 0 scoring token 0: the input of a zero-weight padding pass."""
+    zeros = torch.zeros(1, 1, dtype=torch.long)
+    index = torch.zeros(1, dtype=torch.long)
+    return MicroBatch(zeros, zeros, index, index, index)
+
+
 def lr_lambda(config: TrainerConfig, total_steps: int) -> Callable[[int], float]:
     """Linear warmup over ``warmup_steps``, then constant or cosine decay to ``min_lr_ratio``."""
 
@@ -141,9 +192,11 @@ class Learner:
         total_optimizer_steps: int,
         reference=None,
         forward: Forward | None = None,
+        sync: GradientSync | None = None,
     ) -> None:
         self.model = model
         self.forward = forward or micro_batch_logprobs
+        self.sync = sync or GradientSync()
         self.config = config
         self.temperature = temperature
         self.reference = reference
@@ -176,8 +229,13 @@ class Learner:
             raise ValueError("no reference model: pass one to the Learner or use LoRA")
         model = self.reference if reference and self.reference is not None else self.model
         adapter_off = self.model.disable_adapter() if reference and self.reference is None else None
+        passes = self.sync.num_passes(len(micro_batches), backward=False)
         with adapter_off or contextlib.nullcontext():
-            for mb in micro_batches:
+            for index in range(passes):
+                if index >= len(micro_batches):
+                    self.forward(model, padding_micro_batch(), self.temperature)
+                    continue
+                mb = micro_batches[index]
                 logprobs_K, _ = self.forward(model, mb, self.temperature)
                 out_K[mb.flat_index_K] = logprobs_K.float().cpu()
         return out_K
@@ -187,41 +245,57 @@ class Learner:
     ) -> dict[str, float]:
         """One optimizer step over ``mini_batch``; returns loss, grad norm, lr and token-loss stats."""
         device = next(self.model.parameters()).device
+        module = self.sync.training_module(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         if self.gradient_checkpointing:
             self.model.train()
+        active = [
+            mb for mb in mini_batch.micro_batches if bool((mini_batch.weights[mb.flat_index_K] != 0).any())
+        ]
+        passes = self.sync.num_passes(len(active), backward=True)
         total_loss = 0.0
         stat_sums: dict[str, float] = {}
         stat_weight = 0.0
         finite = True
         try:
-            for mb in mini_batch.micro_batches:
-                weights_K = mini_batch.weights[mb.flat_index_K].to(device)
-                if not bool((weights_K != 0).any()):
-                    continue
-                logprobs_K, entropy_K = self.forward(
-                    self.model, mb, self.temperature, with_entropy=with_entropy
-                )
-                tokens = {name: t[mb.flat_index_K].to(device) for name, t in mini_batch.tokens.items()}
-                loss_K, stats = token_loss(logprobs_K, entropy_K, tokens)
-                loss = (weights_K * loss_K).sum()
-                if not torch.isfinite(loss):
-                    finite = False
-                    break
-                loss.backward()
-                total_loss += float(loss.detach())
-                active = float((weights_K != 0).sum())
-                stat_weight += active
-                for name, value in stats.items():
-                    stat_sums[name] = stat_sums.get(name, 0.0) + value * active
+            for index in range(passes):
+                last = index == passes - 1
+                with contextlib.nullcontext() if last else self.sync.accumulating(module):
+                    if index >= len(active):
+                        outputs_K, _ = self.forward(module, padding_micro_batch(), self.temperature)
+                        (0.0 * outputs_K.sum()).backward()
+                        continue
+                    mb = active[index]
+                    weights_K = mini_batch.weights[mb.flat_index_K].to(device)
+                    logprobs_K, entropy_K = self.forward(
+                        module, mb, self.temperature, with_entropy=with_entropy
+                    )
+                    tokens = {name: t[mb.flat_index_K].to(device) for name, t in mini_batch.tokens.items()}
+                    loss_K, stats = token_loss(logprobs_K, entropy_K, tokens)
+                    loss = (weights_K * loss_K).sum()
+                    if not torch.isfinite(loss):
+                        finite = False
+                        if self.sync.stops_early:
+                            break
+                    loss.backward()  # after a non-finite loss only to keep collectives in step
+                    if not finite:
+                        continue
+                    total_loss += float(loss.detach())
+                    active_tokens = float((weights_K != 0).sum())
+                    stat_weight += active_tokens
+                    for name, value in stats.items():
+                        stat_sums[name] = stat_sums.get(name, 0.0) + value * active_tokens
         finally:
             self.model.eval()
+        totals = self.sync.reduce(
+            {**stat_sums, _LOSS: total_loss, _WEIGHT: stat_weight, _NON_FINITE: 0.0 if finite else 1.0}
+        )
+        total_loss, stat_weight = totals.pop(_LOSS), totals.pop(_WEIGHT)
+        finite = totals.pop(_NON_FINITE) == 0
         grad_norm = float("nan")
         finite_loss = finite
         if finite:
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.trainable_parameters, self.config.max_grad_norm)
-            )
+            grad_norm = self.sync.grad_norm(self.trainable_parameters, self.config.max_grad_norm)
             finite = math.isfinite(grad_norm)
         lr = self.scheduler.get_last_lr()[0]
         if finite:
@@ -243,7 +317,7 @@ class Learner:
             "lr": lr,
             "update/skipped": 0.0 if finite else 1.0,
         }
-        metrics.update({name: s / max(stat_weight, 1.0) for name, s in stat_sums.items()})
+        metrics.update({name: s / max(stat_weight, 1.0) for name, s in totals.items()})
         return metrics
 
     def state_dict(self) -> dict:

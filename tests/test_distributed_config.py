@@ -43,6 +43,7 @@ def test_async_mode_needs_an_importance_sampling_correction():
         ("num_rollout_actors", 0, "must be > 0"),
         ("max_staleness", 0, "must be > 0"),
         ("torch_backend", "mpi", "must be one of"),
+        ("strategy", "zero3", "must be one of"),
         ("rollout_num_gpus", -1, "must be >= 0"),
     ],
 )

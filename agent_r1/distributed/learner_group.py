@@ -1,33 +1,29 @@
 """The learner group: M Ray actors, one torch.distributed rank each, that train one policy data-parallel.
 
-Each worker holds a full replica of the policy and a ``agent_r1.train.learner.Learner`` (optimizer,
-schedule, log-probs). The driver splits a mini-batch's packed micro-batches into M shards of about
-equal tokens; every worker runs forward/backward on its shard with the mini-batch's *global*
-aggregation weights (``agent_r1.algos.aggregation``), so the per-worker losses sum to exactly the
-single-process loss, and gradients are all-reduced with SUM (not DDP's mean) before clipping.
+Each worker holds the policy under a data-parallel strategy (``distributed.strategy``, see
+``agent_r1.distributed.strategy``: ``ddp`` wraps a full replica in ``DistributedDataParallel``,
+``fsdp2`` shards it with ``fully_shard``) and an ``agent_r1.train.learner.Learner`` built with that
+strategy as its ``GradientSync``, so the update loop is the single-process one. The driver splits a
+mini-batch's packed micro-batches into M shards of about equal tokens; every worker runs
+forward/backward on its shard with the mini-batch's *global* aggregation weights
+(``agent_r1.algos.aggregation``), so the per-worker losses and gradients sum to exactly the
+single-process ones.
 
-Deviation from ``torch.nn.parallel.DistributedDataParallel``: gradients are reduced once per optimizer
-step, flattened into one all-reduce, instead of in buckets during each backward. Shards hold different
-numbers of micro-batches (a shard may hold none), and DDP requires every rank to run the same number
-of backward passes; a single reduction after accumulation is what DDP's ``no_sync`` accumulation does,
-without that constraint. Parameters are broadcast from rank 0 at start, as DDP does.
-
-A worker that dies takes the run down cleanly: the driver kills the others and raises
-``LearnerFailure`` (continue with ``--resume`` from the last checkpoint).
+Exports and checkpoints are asked of every worker (FSDP2 gathers the shards collectively) and
+produced by rank 0. A worker that dies takes the run down cleanly: the driver kills the others and
+raises ``LearnerFailure`` (continue with ``--resume`` from the last checkpoint).
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import os
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
 import ray
 import torch
+import torch.distributed as dist
 from ray.exceptions import RayActorError
 
 from agent_r1.train.batching import MicroBatch
@@ -36,8 +32,6 @@ from agent_r1.train.learner import Learner, MiniBatch, load_policy
 from agent_r1.train.trainer import Trainer, export_weights
 
 __all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
-
-logger = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
@@ -75,9 +69,8 @@ class LearnerWorker:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master_addr: str, master_port: int) -> int:
-        import torch.distributed as dist
-
         from agent_r1.distributed.parts import TrainerParts, load_driver_tokenizer
+        from agent_r1.distributed.strategy import make_strategy
 
         config = self.config
         os.environ["MASTER_ADDR"] = master_addr
@@ -88,15 +81,17 @@ class LearnerWorker:
             world_size=self.world_size,
             timeout=COLLECTIVE_TIMEOUT,
         )
+        device = torch.device("cpu")
+        if config.distributed.torch_backend == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(config.trainer.seed)
         model = load_policy(config.model)
-        if config.distributed.torch_backend == "nccl":
-            model = model.to(f"cuda:{torch.cuda.current_device()}")
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
+        self.strategy = make_strategy(
+            config.distributed.strategy, model, device, lambda: load_policy(config.model)
+        )
         reference = None
         if config.algorithm.kl_coef > 0 and not hasattr(model, "peft_config"):
-            reference = Trainer._load_reference(self)
+            reference = Trainer._load_reference(self).to(device)
         trainer = config.trainer
         self.learner = Learner(
             model,
@@ -104,6 +99,7 @@ class LearnerWorker:
             temperature=config.rollout.temperature,
             total_optimizer_steps=trainer.steps * trainer.ppo_epochs * trainer.mini_batches,
             reference=reference,
+            sync=self.strategy,
         )
         self.tokenizer = load_driver_tokenizer(config)
         self.parts = TrainerParts(config, self.tokenizer)
@@ -116,94 +112,29 @@ class LearnerWorker:
         return self.learner.logprobs(micro_batches, num_tokens, reference=reference)
 
     def update(self, mini_batch: MiniBatch, with_entropy: bool) -> dict[str, float]:
-        """``Learner.update`` over this rank's shard, with gradients, loss and the finite check
-        reduced over the group so that every rank takes the same optimizer step."""
-        import torch.distributed as dist
+        """``Learner.update`` over this rank's shard; the strategy makes every rank take the same step."""
+        return self.learner.update(mini_batch, self.parts.token_loss, with_entropy=with_entropy)
 
-        learner, model = self.learner, self.learner.model
-        device = next(model.parameters()).device
-        learner.optimizer.zero_grad(set_to_none=True)
-        if learner.gradient_checkpointing:
-            model.train()
-        loss_sum = 0.0
-        non_finite = 0.0
-        stat_sums: dict[str, float] = {}
-        stat_weight = 0.0
-        try:
-            for mb in mini_batch.micro_batches:
-                weights_K = mini_batch.weights[mb.flat_index_K].to(device)
-                if not bool((weights_K != 0).any()):
-                    continue
-                logprobs_K, entropy_K = learner.forward(
-                    model, mb, learner.temperature, with_entropy=with_entropy
-                )
-                tokens = {name: t[mb.flat_index_K].to(device) for name, t in mini_batch.tokens.items()}
-                loss_K, stats = self.parts.token_loss(logprobs_K, entropy_K, tokens)
-                loss = (weights_K * loss_K).sum()
-                if not torch.isfinite(loss):
-                    non_finite = 1.0
-                    break
-                loss.backward()
-                loss_sum += float(loss.detach())
-                active = float((weights_K != 0).sum())
-                stat_weight += active
-                for name, value in stats.items():
-                    stat_sums[name] = stat_sums.get(name, 0.0) + value * active
-        finally:
-            model.eval()
-        totals = torch.tensor([loss_sum, non_finite], dtype=torch.float64, device=device)
-        dist.all_reduce(totals)
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, (stat_sums, stat_weight))
-        finite = totals[1].item() == 0
-        grad_norm = float("nan")
-        params = learner.trainable_parameters
-        if finite:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
-            offset = 0
-            for p, g in zip(params, grads, strict=True):
-                p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
-                offset += g.numel()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, learner.config.max_grad_norm))
-            finite = math.isfinite(grad_norm)
-        lr = learner.scheduler.get_last_lr()[0]
-        if finite:
-            learner.optimizer.step()
-            learner.scheduler.step()
-            learner.optimizer_steps += 1
-        else:
-            learner.skipped_updates += 1
-            logger.warning("rank %d: skipped a non-finite update (grad norm %s)", self.rank, grad_norm)
-        learner.optimizer.zero_grad(set_to_none=True)
-        all_sums: dict[str, float] = {}
-        all_weight = 0.0
-        for sums, weight in gathered:
-            all_weight += weight
-            for name, value in sums.items():
-                all_sums[name] = all_sums.get(name, 0.0) + value
-        metrics = {
-            "loss/policy": float(totals[0]) if finite else float("nan"),
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "update/skipped": 0.0 if finite else 1.0,
-        }
-        metrics.update({name: s / max(all_weight, 1.0) for name, s in all_sums.items()})
-        return metrics
+    def export_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """The policy's weights under Hugging Face names (LoRA merged), on the CPU, for the engines
+        (rank 0; the other ranks take part in gathering sharded weights and return None)."""
+        model, _ = self.strategy.full_state(self.learner, optimizer=False)
+        if model is None:
+            return None
+        return [(name, t.cpu()) for name, t in export_weights(model)]
 
-    def export_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """The policy's weights under Hugging Face names (LoRA merged), on the CPU, for the engines."""
-        return [(name, t.cpu()) for name, t in export_weights(self.learner.model)]
-
-    def save_checkpoint(self, directory: str, step: int, trainer_state: dict) -> str:
+    def save_checkpoint(self, directory: str, step: int, trainer_state: dict) -> str | None:
+        """Rank 0 writes the checkpoint (the other ranks take part in gathering sharded state)."""
         from agent_r1.train.checkpoint import save_checkpoint
 
+        model, optimizer_state = self.strategy.full_state(self.learner, optimizer=True)
+        if model is None:
+            return None
         path = save_checkpoint(
             directory,
             step,
-            self.learner.model,
-            self.learner.state_dict(),
+            model,
+            {**self.learner.state_dict(), "optimizer": optimizer_state},
             trainer_state,
             keep=self.config.trainer.keep_checkpoints,
             tokenizer=self.tokenizer,
@@ -211,11 +142,7 @@ class LearnerWorker:
         return str(path)
 
     def load_checkpoint(self, path: str) -> dict:
-        from agent_r1.train.checkpoint import load_checkpoint
-
-        learner_state, trainer_state = load_checkpoint(path, self.learner.model)
-        self.learner.load_state_dict(learner_state)
-        return trainer_state
+        return self.strategy.load_checkpoint(path, self.learner)
 
 
 class LearnerGroup:
@@ -276,12 +203,12 @@ class LearnerGroup:
 
     def export_weights_ref(self):
         """An object ref of rank 0's weights (handed to the rollout actors without a driver copy)."""
-        ref = self.workers[0].export_weights.remote()
-        self._get([ref])
-        return ref
+        refs = [w.export_weights.remote() for w in self.workers]
+        self._get(refs)
+        return refs[0]
 
     def save_checkpoint(self, directory: str, step: int, trainer_state: dict) -> str:
-        return self._get([self.workers[0].save_checkpoint.remote(directory, step, trainer_state)])[0]
+        return self._get([w.save_checkpoint.remote(directory, step, trainer_state) for w in self.workers])[0]
 
     def load_checkpoint(self, path: str) -> dict:
         return self._get([w.load_checkpoint.remote(path) for w in self.workers])[0]

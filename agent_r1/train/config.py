@@ -274,6 +274,12 @@ class DistributedConfig:
     torch_backend: Literal["gloo", "nccl"] = _opt(
         "gloo", "torch.distributed backend of the learner group (gloo on CPU, nccl on GPUs)."
     )
+    strategy: Literal["ddp", "fsdp2"] = _opt(
+        "ddp",
+        "Data parallelism of the learner group: 'ddp' (DistributedDataParallel, a full replica per "
+        "worker) or 'fsdp2' (fully_shard per decoder layer: parameters, gradients and optimizer state "
+        "sharded over the workers).",
+    )
     rollout_num_cpus: float = _opt(0.0, "Ray CPUs reserved per rollout actor.", _non_negative)
     rollout_num_gpus: float = _opt(0.0, "Ray GPUs reserved per rollout actor.", _non_negative)
     learner_num_cpus: float = _opt(0.0, "Ray CPUs reserved per learner worker.", _non_negative)

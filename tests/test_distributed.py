@@ -1,6 +1,8 @@
 """Scale-out on Ray: a local cluster with rollout actors and gloo learner workers trains the tiny model.
 
-- synchronous Ray training reproduces the single-process trainer (same trajectories, same losses);
+- synchronous Ray training reproduces the single-process trainer (same trajectories, same losses),
+  with DDP learner workers (the default) and, for a critic estimator, with FSDP2 workers, whose
+  checkpoint (policy and critic) resumes to the uninterrupted run's next step;
 - a rollout actor killed mid-rollout is restarted and exactly its unfinished samples are re-queued;
 - async mode overlaps rollout and update with the staleness bound and records policy versions;
 - a learner worker death stops the run cleanly and ``agent-r1 train --resume`` continues it exactly.
@@ -79,6 +81,7 @@ def single_and_ray(cluster, tiny_checkpoint, tmp_path_factory):
 
 def test_sync_ray_training_matches_the_single_process_trainer(single_and_ray, tiny_checkpoint):
     single_dir, ray_dir = single_and_ray
+    assert _config(tiny_checkpoint, ray_dir).distributed.strategy == "ddp"
     for step in (1, 2, 3):
         ours, theirs = _dump(ray_dir, step), _dump(single_dir, step)
         assert [t["group_id"] for t in ours] == [t["group_id"] for t in theirs]
@@ -185,3 +188,33 @@ def test_a_dead_learner_worker_stops_the_run_and_cli_resume_continues_it(
         assert resumed[step]["loss/policy"] == pytest.approx(
             uninterrupted[step]["loss/policy"], rel=1e-4, abs=1e-6
         )
+
+
+def test_a_critic_estimator_trains_on_fsdp2_workers_like_the_single_process_trainer_and_resumes(
+    cluster, tiny_checkpoint, tmp_path
+):
+    def config(run_dir, steps, **overrides):
+        return _config(
+            tiny_checkpoint,
+            run_dir,
+            algorithm={"advantage": "gae_token"},
+            trainer={"steps": steps, "critic_lr": 1e-3},
+            **overrides,
+        )
+
+    single_dir, ray_dir = tmp_path / "single", tmp_path / "ray"
+    Trainer(config(single_dir, 3, backend="none"), train_tasks=tasks(12)).fit()
+    fsdp2 = {"distributed": {"strategy": "fsdp2"}}
+    RayTrainer(config(ray_dir, 2, **fsdp2), train_tasks=tasks(12)).fit()
+    resumed, ran = RayTrainer(config(ray_dir, 3, **fsdp2), train_tasks=tasks(12), resume=True), []
+    train_step = resumed.train_step
+    resumed.train_step = lambda step: ran.append(step) or train_step(step)
+    resumed.fit()
+    assert ran == [3]  # continued from the step-2 checkpoint
+    single, distributed = _rows(single_dir), _rows(ray_dir)
+    assert sorted(distributed) == [1, 2, 3]
+    for step in (1, 2, 3):
+        for key in ("loss/policy", "grad_norm", "loss/value", "critic/grad_norm"):
+            assert math.isfinite(distributed[step][key]), (step, key)
+            assert distributed[step][key] == pytest.approx(single[step][key], rel=1e-4, abs=1e-6), (step, key)
+    assert single[3]["loss/value"] != single[1]["loss/value"]

@@ -6,7 +6,9 @@ what the phases run on:
 
 - **rollout** goes to a ``RolloutPool`` of ``distributed.num_rollout_actors`` engine actors;
 - **log-probs and updates** go to a ``LearnerGroup`` of ``distributed.num_learner_workers``
-  torch.distributed ranks (same interface as ``Learner``);
+  torch.distributed ranks (same interface as ``Learner``; ``distributed.strategy``: DDP or FSDP2);
+- **the critic** (``gae_token``, ``gae_step``): each worker also holds the critic under the same
+  strategy; ``self.critic`` is a ``CriticGroup`` with the critic ``Learner``'s interface;
 - **sync** pushes rank 0's weights to every engine with the new policy version; each trajectory's
   steps record the version that sampled them;
 - **checkpoints** are written by rank 0 and loaded by every rank (``--resume``).
@@ -82,12 +84,6 @@ class RayTrainer(Trainer):
             )
         config = absolute_paths(config)
         self.config = config
-        if config.algorithm.advantage in CRITIC_ESTIMATORS:
-            raise ConfigError(
-                "algorithm.advantage",
-                f"{config.algorithm.advantage!r} needs a critic, which the Ray trainer does not place yet; "
-                "use a critic-free estimator (grpo, rloo, reinforce_pp, step_grpo) or distributed.backend: none",
-            )
         self.tokenizer = load_driver_tokenizer(config)
         self.train_tasks = None
         if train_tasks is not None or config.data.train:
@@ -120,6 +116,8 @@ class RayTrainer(Trainer):
         self.rollouts = RolloutPool(config, runtime_env)
         try:
             self.learner = LearnerGroup(config, runtime_env)
+            if config.algorithm.advantage in CRITIC_ESTIMATORS:
+                self.critic = self.learner.critic()
         except BaseException:
             self.rollouts.shutdown()
             if self._owns_ray:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 import ray
@@ -29,9 +30,9 @@ from ray.exceptions import RayActorError
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import Learner, MiniBatch, load_policy
-from agent_r1.train.trainer import Trainer, export_weights
+from agent_r1.train.trainer import CRITIC_ESTIMATORS, Trainer, export_weights
 
-__all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
+__all__ = ["CriticGroup", "LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
@@ -101,6 +102,23 @@ class LearnerWorker:
             reference=reference,
             sync=self.strategy,
         )
+        self.critic = None
+        if config.algorithm.advantage in CRITIC_ESTIMATORS:
+            from agent_r1.train.critic import load_critic, micro_batch_values
+
+            critic_config = replace(config.model, path=self._base_path())
+            critic_model = load_critic(critic_config)
+            self.critic_strategy = make_strategy(
+                config.distributed.strategy, critic_model, device, lambda: load_critic(critic_config)
+            )
+            self.critic = Learner(  # as Trainer builds its critic
+                critic_model,
+                replace(trainer, lr=trainer.critic_lr),
+                temperature=config.rollout.temperature,
+                total_optimizer_steps=trainer.steps * trainer.ppo_epochs * trainer.mini_batches,
+                forward=micro_batch_values,
+                sync=self.critic_strategy,
+            )
         self.tokenizer = load_driver_tokenizer(config)
         self.parts = TrainerParts(config, self.tokenizer)
         return self.rank
@@ -115,6 +133,14 @@ class LearnerWorker:
         """``Learner.update`` over this rank's shard; the strategy makes every rank take the same step."""
         return self.learner.update(mini_batch, self.parts.token_loss, with_entropy=with_entropy)
 
+    def critic_values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
+        return self.critic.logprobs(micro_batches, num_tokens)
+
+    def critic_update(self, mini_batch: MiniBatch, token_loss) -> dict[str, float]:
+        """The critic's ``Learner.update`` over this rank's shard (``token_loss``: the trainer's value
+        loss, shipped by Ray)."""
+        return self.critic.update(mini_batch, token_loss)
+
     def export_weights(self) -> list[tuple[str, torch.Tensor]] | None:
         """The policy's weights under Hugging Face names (LoRA merged), on the CPU, for the engines
         (rank 0; the other ranks take part in gathering sharded weights and return None)."""
@@ -128,6 +154,14 @@ class LearnerWorker:
         from agent_r1.train.checkpoint import save_checkpoint
 
         model, optimizer_state = self.strategy.full_state(self.learner, optimizer=True)
+        if self.critic is not None:  # stored as Trainer stores it: trainer_state["critic"]
+            critic, critic_optimizer = self.critic_strategy.full_state(self.critic, optimizer=True)
+            if critic is not None:
+                critic_learner = {**self.critic.state_dict(), "optimizer": critic_optimizer}
+                trainer_state = {
+                    **trainer_state,
+                    "critic": {"model": critic.state_dict(), "learner": critic_learner},
+                }
         if model is None:
             return None
         path = save_checkpoint(
@@ -142,7 +176,12 @@ class LearnerWorker:
         return str(path)
 
     def load_checkpoint(self, path: str) -> dict:
-        return self.strategy.load_checkpoint(path, self.learner)
+        """Every rank loads checkpoint ``path``; returns the trainer state (without the critic's)."""
+        trainer_state = self.strategy.load_checkpoint(path, self.learner)
+        critic = trainer_state.pop("critic", None)
+        if self.critic is not None:
+            self.critic_strategy.load_state(self.critic, critic["model"], critic["learner"])
+        return trainer_state
 
 
 class LearnerGroup:
@@ -201,6 +240,10 @@ class LearnerGroup:
         )
         return results[0]
 
+    def critic(self) -> CriticGroup:
+        """The critic's ``Learner`` interface over the workers (each holds a critic beside its policy)."""
+        return CriticGroup(self)
+
     def export_weights_ref(self):
         """An object ref of rank 0's weights (handed to the rollout actors without a driver copy)."""
         refs = [w.export_weights.remote() for w in self.workers]
@@ -217,3 +260,30 @@ class LearnerGroup:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+
+
+class CriticGroup:
+    """The critic's ``Learner`` methods the trainer's phases call (``logprobs`` for values, ``update``),
+    run data-parallel on the learner group's workers like the policy's."""
+
+    def __init__(self, group: LearnerGroup) -> None:
+        self.group = group
+
+    def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
+        workers = self.group.workers
+        shards = shard_micro_batches(micro_batches, len(workers))
+        parts = self.group._get(
+            [w.critic_values.remote(s, num_tokens) for w, s in zip(workers, shards, strict=True)]
+        )
+        return torch.stack(parts).sum(0)  # shards score disjoint tokens; the rest are zeros
+
+    def update(self, mini_batch: MiniBatch, token_loss, *, with_entropy: bool = False) -> dict[str, float]:
+        workers = self.group.workers
+        shards = shard_micro_batches(mini_batch.micro_batches, len(workers))
+        results = self.group._get(
+            [
+                w.critic_update.remote(MiniBatch(s, mini_batch.weights, mini_batch.tokens), token_loss)
+                for w, s in zip(workers, shards, strict=True)
+            ]
+        )
+        return results[0]

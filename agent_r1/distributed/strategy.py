@@ -74,6 +74,10 @@ class Strategy(GradientSync):
         """Load checkpoint ``path`` into ``learner`` on every rank; return the trainer state."""
         raise NotImplementedError
 
+    def load_state(self, learner: Learner, weights: dict, learner_state: dict) -> None:
+        """Load full weights and learner state (as ``full_state`` gave them), held by every rank."""
+        raise NotImplementedError
+
 
 def _sum_allreduce(process_group, bucket):  # DDP rejects a string annotation (future import)
     """DDP communication hook: all-reduce a gradient bucket with SUM (DDP's default divides by the
@@ -119,6 +123,10 @@ class DDPStrategy(Strategy):
         learner_state, trainer_state = load_checkpoint(path, learner.model)
         learner.load_state_dict(learner_state)
         return trainer_state
+
+    def load_state(self, learner: Learner, weights: dict, learner_state: dict) -> None:
+        learner.model.load_state_dict(weights)
+        learner.load_state_dict(learner_state)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -214,10 +222,27 @@ class FSDP2Strategy(Strategy):
         set_optimizer_state_dict(self.model, learner.optimizer, optimizer_state, options=options)
         dist.broadcast_object_list(rest, src=0)
         learner_state, trainer_state = rest[0]
-        learner.scheduler.load_state_dict(learner_state["scheduler"])
-        learner.optimizer_steps = learner_state["optimizer_steps"]
-        learner.skipped_updates = learner_state["skipped_updates"]
+        _load_schedule(learner, learner_state)
         return trainer_state
+
+    def load_state(self, learner: Learner, weights: dict, learner_state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)  # every rank keeps its own shard of each
+        set_model_state_dict(self.model, weights, options=options)
+        set_optimizer_state_dict(self.model, learner.optimizer, learner_state["optimizer"], options=options)
+        _load_schedule(learner, learner_state)
+
+
+def _load_schedule(learner: Learner, learner_state: dict) -> None:
+    """The learner state besides the optimizer: schedule and counters."""
+    learner.scheduler.load_state_dict(learner_state["scheduler"])
+    learner.optimizer_steps = learner_state["optimizer_steps"]
+    learner.skipped_updates = learner_state["skipped_updates"]
 
 
 def _comm_device() -> torch.device:

@@ -9,13 +9,19 @@ on their shard of the same mini-batches, for every (strategy, LoRA) case. The si
   still matches;
 - a non-finite loss on one rank only makes both ranks skip the step, and the next one applies;
 - a checkpoint written by rank 0 and loaded by every rank restores the optimizer exactly (the update
-  after loading repeats the update after saving);
-- ``logprobs`` on shards (one of them empty) add up to the single-process log-probs.
+  after loading repeats the update after saving), also one saved before the optimizer's first step
+  (the critic's, in the policy's checkpoint);
+- ``logprobs`` on shards (one of them empty) add up to the single-process log-probs (and, with LoRA,
+  the adapter-disabled reference log-probs);
+- the critic each worker holds for ``gae_token`` trains like the single-process critic, and the
+  checkpoint restores it exactly.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,11 +30,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_learner import _trajectories
 
-from agent_r1.algos import aggregation_weights
+from agent_r1.algos import aggregation_weights, clipped_value_loss
 from agent_r1.distributed.learner_group import LearnerWorker, shard_micro_batches
 from agent_r1.distributed.parts import TrainerParts
 from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
 from agent_r1.train.config import config_from_dict
+from agent_r1.train.critic import load_critic, micro_batch_values
 from agent_r1.train.learner import Learner, MiniBatch, load_policy
 from agent_r1.train.trainer import export_weights
 
@@ -48,8 +55,8 @@ def _config(checkpoint: str, strategy: str, lora_rank: int):
     return config_from_dict(
         {
             "model": {"path": checkpoint, "lora": {"rank": lora_rank, "alpha": 8}},
-            "trainer": {"lr": 1e-2, "steps": 4, "torch_threads": 1},
-            "algorithm": {"loss_aggregation": "seq-mean-token-mean"},
+            "trainer": {"lr": 1e-2, "critic_lr": 1e-2, "steps": 4, "torch_threads": 1},
+            "algorithm": {"loss_aggregation": "seq-mean-token-mean", "advantage": "gae_token"},
             "distributed": {"backend": "ray", "strategy": strategy, "num_learner_workers": WORLD},
         }
     )
@@ -68,6 +75,9 @@ def _mini_batch(seed: int, budget: int) -> MiniBatch:
         "sampler_logprobs": torch.full((n,), -5.0),
         "old_logprobs": torch.full((n,), -5.6),  # some ratios leave the clip range
         "advantages": torch.linspace(-1, 1, n),
+        "old_values": torch.zeros(n),
+        "returns": torch.linspace(1, -0.5, n),
+        "value_mask": mask,
     }
     weights = aggregation_weights(mask, "seq-mean-token-mean", seq_ids=seq_ids)
     return MiniBatch(make_micro_batches(build_sequences(trajectories), rows, budget), weights, tokens)
@@ -85,6 +95,27 @@ def _poisoned_on_rank_1(token_loss, rank: int):
     return loss
 
 
+def _value_loss(values_K, _, tokens):
+    loss_K, stats = clipped_value_loss(
+        values_K, tokens["old_values"], tokens["returns"], tokens["value_mask"], clip=0.2
+    )
+    return loss_K, {name: float(v) for name, v in stats.items()}
+
+
+def _critic_script(update, values, save=None, load=None) -> dict:
+    """The critic's sequence: two updates (one with an empty shard), values, a checkpoint round trip."""
+    out = {"metrics": [update(_mini_batch(5, 24)), update(_mini_batch(6, 10_000))]}
+    if save is not None:
+        save()
+    out["metrics"].append(update(_mini_batch(7, 24)))
+    out["values"] = values(_mini_batch(8, 10_000))
+    if load is not None:
+        load()
+        out["metrics"].append(update(_mini_batch(7, 24)))  # repeats the update after the save
+        out["reloaded_values"] = values(_mini_batch(8, 10_000))
+    return out
+
+
 def _script(update, export, logprobs, save=None, load=None) -> dict:
     """The sequence both sides run; ``update(mini, token_loss | None)`` with None = the trainer's."""
     out: dict = {"metrics": []}
@@ -99,7 +130,8 @@ def _script(update, export, logprobs, save=None, load=None) -> dict:
         load()
         out["metrics"].append(update(_mini_batch(3, 24), None))  # repeats the update after the save
         out["reloaded"] = export()
-    out["logprobs"] = logprobs(_mini_batch(4, 10_000))
+    out["logprobs"] = logprobs(_mini_batch(4, 10_000), False)
+    out["reference"] = logprobs(_mini_batch(4, 10_000), True)
     return out
 
 
@@ -116,22 +148,36 @@ def _rank_main(rank: int, port: int, checkpoint: str, out_dir: str) -> None:
                 return worker.learner.update(_shard(mini, rank), token_loss, with_entropy=True)
             return worker.update(_shard(mini, rank), True)
 
-        def logprobs(mini, worker=worker):
-            part = worker.logprobs(_shard(mini, rank).micro_batches, mini.weights.numel(), False)
+        def logprobs(mini, reference, worker=worker, lora_rank=lora_rank):
+            if reference and not lora_rank:
+                return None
+            part = worker.logprobs(_shard(mini, rank).micro_batches, mini.weights.numel(), reference)
             dist.all_reduce(part)  # shards score disjoint tokens
             return part
 
-        def save(worker=worker, checkpoints=checkpoints):
-            worker.save_checkpoint(checkpoints, 3, {"note": "test"})
+        def save(step=3, worker=worker, checkpoints=checkpoints):
+            worker.save_checkpoint(checkpoints, step, {"note": "test"})
 
-        def load(worker=worker, checkpoints=checkpoints):
-            assert worker.load_checkpoint(str(Path(checkpoints) / "step_000003"))["note"] == "test"
+        def load(step=3, worker=worker, checkpoints=checkpoints):
+            trainer_state = worker.load_checkpoint(str(Path(checkpoints) / f"step_{step:06d}"))
+            assert trainer_state["note"] == "test" and "critic" not in trainer_state
+
+        def critic_update(mini, worker=worker):
+            return worker.critic_update(_shard(mini, rank), _value_loss)
+
+        def values(mini, worker=worker):
+            part = worker.critic_values(_shard(mini, rank).micro_batches, mini.weights.numel())
+            dist.all_reduce(part)
+            return part
 
         def export(worker=worker):
             weights = worker.export_weights()
             return None if weights is None else dict(weights)
 
         results[case] = _script(update, export, logprobs, save, load)
+        results[case]["critic"] = _critic_script(
+            critic_update, values, lambda save=save: save(4), lambda load=load: load(4)
+        )
         dist.destroy_process_group()
     if rank == 0:
         torch.save(results, Path(out_dir) / "results.pt")
@@ -153,6 +199,7 @@ def group_results(tiny_checkpoint, tmp_path_factory):
     return torch.load(out_dir / "results.pt", weights_only=False)
 
 
+@functools.cache
 def _single(tiny_checkpoint, lora_rank: int) -> dict:
     config = _config(str(tiny_checkpoint), "ddp", lora_rank)
     torch.manual_seed(config.trainer.seed)
@@ -166,10 +213,24 @@ def _single(tiny_checkpoint, lora_rank: int) -> dict:
             return learner.update(mini, _poisoned_on_rank_1(token_loss, 1), with_entropy=True)
         return learner.update(mini, token_loss, with_entropy=True)
 
-    def logprobs(mini):
-        return learner.logprobs(mini.micro_batches, mini.weights.numel())
+    def logprobs(mini, reference):
+        if reference and not lora_rank:
+            return None
+        return learner.logprobs(mini.micro_batches, mini.weights.numel(), reference=reference)
 
-    return _script(update, lambda: dict(export_weights(model)), logprobs)
+    out = _script(update, lambda: dict(export_weights(model)), logprobs)
+    critic = Learner(
+        load_critic(config.model),
+        replace(trainer, lr=trainer.critic_lr),
+        temperature=1.0,
+        total_optimizer_steps=trainer.steps,
+        forward=micro_batch_values,
+    )
+    out["critic"] = _critic_script(
+        lambda mini: critic.update(mini, _value_loss),
+        lambda mini: critic.logprobs(mini.micro_batches, mini.weights.numel()),
+    )
+    return out
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -194,6 +255,24 @@ def test_data_parallel_updates_match_the_single_process_learner(group_results, t
         moved += not torch.equal(first[name], tensor)
     assert moved > 0  # training changed the exported weights (LoRA deltas merged)
     torch.testing.assert_close(ours["logprobs"], theirs["logprobs"], atol=2e-5, rtol=1e-4)
+    if lora_rank:
+        torch.testing.assert_close(ours["reference"], theirs["reference"], atol=2e-5, rtol=1e-4)
+        assert (ours["reference"] - ours["logprobs"]).abs().max() > 1e-3  # the adapter is on
+
+
+@pytest.mark.parametrize("case", ["ddp", "fsdp2"])
+def test_the_critic_beside_the_policy_trains_like_the_single_process_critic(
+    group_results, tiny_checkpoint, case
+):
+    ours, theirs = group_results[case]["critic"], _single(tiny_checkpoint, 0)["critic"]
+    for k, (mine, single) in enumerate(zip(ours["metrics"][:3], theirs["metrics"], strict=True)):
+        assert mine["update/skipped"] == 0.0 and set(mine) == set(single), k
+        for key in ("loss/policy", "grad_norm", "value_clip_fraction"):
+            assert mine[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), (k, key)
+    torch.testing.assert_close(ours["values"], theirs["values"], atol=1e-4, rtol=1e-4)
+    assert ours["values"].abs().max() > 1e-3  # the zero-initialised head learned
+    assert ours["metrics"][3]["loss/policy"] == pytest.approx(ours["metrics"][2]["loss/policy"], rel=1e-6)
+    torch.testing.assert_close(ours["reloaded_values"], ours["values"], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("case", list(CASES))

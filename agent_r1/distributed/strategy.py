@@ -30,7 +30,9 @@ Deviations, and why:
   weights into it to export them (LoRA merged) or save a checkpoint with the unchanged single-process
   code: one extra copy of the weights in rank 0's host memory. FSDP2 optimizer state is saved in the
   gathered, name-keyed form of ``get_optimizer_state_dict``, so an FSDP2 checkpoint resumes under
-  FSDP2 (its model folder loads anywhere).
+  FSDP2 (its model folder loads anywhere). An optimizer that has not stepped yet is saved as ``{}``:
+  gathering its state would first initialise it with a zero-learning-rate step, which AdamW counts
+  (bias correction) and would change the rest of the run.
 """
 
 from __future__ import annotations
@@ -181,6 +183,11 @@ class FSDP2Strategy(Strategy):
         finally:
             module.set_requires_gradient_sync(True)
 
+    def _reshard(self) -> None:
+        """Free the parameters a forward pass left gathered (FSDP2 keeps the root's after a forward
+        without backward); state dicts are read and loaded shard by shard."""
+        self.model.reshard()
+
     def grad_norm(self, parameters: Sequence[torch.nn.Parameter], max_norm: float) -> float:
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)  # a DTensor over the shards
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -192,49 +199,60 @@ class FSDP2Strategy(Strategy):
             get_optimizer_state_dict,
         )
 
+        self._reshard()
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = get_model_state_dict(self.model, options=options)
         optimizer_state = None
         if optimizer:
-            optimizer_state = get_optimizer_state_dict(self.model, learner.optimizer, options=options)
+            # {} for an optimizer that never stepped: gathering would first initialise its state
+            # with a zero-lr step, which counts as an AdamW step (bias correction) and changes the run.
+            stepped = bool(learner.optimizer.state)
+            optimizer_state = {}
+            if stepped:
+                optimizer_state = get_optimizer_state_dict(self.model, learner.optimizer, options=options)
         if self.replica is None:
             return None, None
         self.replica.load_state_dict(weights)
         return self.replica, optimizer_state
 
     def load_checkpoint(self, path: str, learner: Learner) -> dict:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         from agent_r1.train.checkpoint import load_checkpoint
 
+        self._reshard()
         weights, optimizer_state, rest = {}, {}, [None]
         if self.replica is not None:
             learner_state, trainer_state = load_checkpoint(path, self.replica)
             weights = self.replica.state_dict()
             optimizer_state = learner_state.pop("optimizer")
-            rest = [(learner_state, trainer_state)]
+            rest = [(learner_state, trainer_state, bool(optimizer_state))]
+        dist.broadcast_object_list(rest, src=0)
+        learner_state, trainer_state, stepped = rest[0]
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(self.model, weights, options=options)
-        set_optimizer_state_dict(self.model, learner.optimizer, optimizer_state, options=options)
-        dist.broadcast_object_list(rest, src=0)
-        learner_state, trainer_state = rest[0]
+        self._load_optimizer(learner, optimizer_state, stepped, options)
         _load_schedule(learner, learner_state)
         return trainer_state
 
-    def load_state(self, learner: Learner, weights: dict, learner_state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+    def _load_optimizer(self, learner: Learner, optimizer_state: dict, stepped: bool, options) -> None:
+        """``set_optimizer_state_dict``, or an empty state for an optimizer saved before its first step
+        (``full_state``)."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+        if stepped:
+            set_optimizer_state_dict(self.model, learner.optimizer, optimizer_state, options=options)
+        else:
+            learner.optimizer.state.clear()
+
+    def load_state(self, learner: Learner, weights: dict, learner_state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        self._reshard()
         options = StateDictOptions(full_state_dict=True)  # every rank keeps its own shard of each
         set_model_state_dict(self.model, weights, options=options)
-        set_optimizer_state_dict(self.model, learner.optimizer, learner_state["optimizer"], options=options)
+        optimizer_state = learner_state["optimizer"]
+        self._load_optimizer(learner, optimizer_state, bool(optimizer_state), options)
         _load_schedule(learner, learner_state)
 
 

@@ -18,7 +18,8 @@ Deviations, and why:
 
 - **SUM, not mean.** DDP and FSDP2 average gradients over ranks; here each rank's loss is already its
   share of the global loss, so gradients are summed instead (a DDP communication hook that all-reduces
-  without dividing; FSDP2's ``set_gradient_divide_factor(1.0)``).
+  without dividing; FSDP2's ``set_gradient_divide_factor(1.0)`` with sum-only collectives, since gloo
+  has no pre-multiplied sum).
 - **Equal pass counts.** DDP needs exactly one synchronised backward per rank and update, FSDP2 the
   same number of forward and backward passes on every rank (each one is collective). Shards are cut
   by tokens and may hold different numbers of micro-batches, or none: a rank short of micro-batches

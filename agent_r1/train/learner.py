@@ -153,7 +153,7 @@ class GradientSync:
         return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
 
 
-def padding_micro_batch() -> MicroBatch:
+def _padding_micro_batch() -> MicroBatch:
     """One token at position 0 scoring token 0: the input of a zero-weight padding pass."""
     zeros = torch.zeros(1, 1, dtype=torch.long)
     index = torch.zeros(1, dtype=torch.long)
@@ -233,7 +233,7 @@ class Learner:
         with adapter_off or contextlib.nullcontext():
             for index in range(passes):
                 if index >= len(micro_batches):
-                    self.forward(model, padding_micro_batch(), self.temperature)
+                    self.forward(model, _padding_micro_batch(), self.temperature)
                     continue
                 mb = micro_batches[index]
                 logprobs_K, _ = self.forward(model, mb, self.temperature)
@@ -262,7 +262,7 @@ class Learner:
                 last = index == passes - 1
                 with contextlib.nullcontext() if last else self.sync.accumulating(module):
                     if index >= len(active):
-                        outputs_K, _ = self.forward(module, padding_micro_batch(), self.temperature)
+                        outputs_K, _ = self.forward(module, _padding_micro_batch(), self.temperature)
                         (0.0 * outputs_K.sum()).backward()
                         continue
                     mb = active[index]

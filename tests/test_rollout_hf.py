@@ -106,6 +106,35 @@ def test_next_turn_reuses_the_previous_turns_kv_exactly(model):
     assert no_reuse.prefix_hits == 0
 
 
+def test_rows_joining_and_leaving_at_random_keep_exact_logprobs(model):
+    """A churning batch: staggered multi-turn trajectories of mixed lengths join and finish at random
+    (rows appended in place, finished rows left in the cache and compacted, full re-lays when the
+    buffers are full or a longer row arrives); every token's log-prob still equals the learner's."""
+    engine = HFEngine(model, max_batch_size=6, eos_token_ids=())
+    rng = torch.Generator().manual_seed(0)
+
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high, (1,), generator=rng))
+
+    async def trajectory(i: int) -> float:
+        await asyncio.sleep(0.01 * draw(0, 20))
+        ids, gap = prompt(draw(2, 50), i), 0.0
+        for turn in range(draw(1, 4)):
+            sp = SamplingParams(temperature=1.0, max_tokens=draw(1, 25), seed=100 * i + turn)
+            c = await engine.generate(ids, sp)
+            gap = max(
+                gap, float((learner_logprobs(model, ids, c, 1.0) - torch.tensor(c.logprobs)).abs().max())
+            )
+            ids = ids + list(c.token_ids) + prompt(draw(1, 40), turn)
+            await asyncio.sleep(0.005 * draw(0, 4))
+        return gap
+
+    async def main():
+        return await asyncio.gather(*(trajectory(i) for i in range(20)))
+
+    assert max(asyncio.run(main())) < 1e-4
+
+
 def test_short_request_does_not_wait_for_the_longest(model):
     engine = HFEngine(model, eos_token_ids=())
     finished: list[str] = []

@@ -11,7 +11,7 @@
 
 Everything lands in ``--out``: ``sft_model/`` (the warm start), ``data/`` (train and held-out tasks as
 JSONL), ``run/`` (config.yaml, metrics.jsonl, TensorBoard, trajectories, checkpoints) and
-``summary.json`` (the before/after numbers). ``agent-r1 train --config OUT/run/config.yaml`` repeats
+``summary.json`` (the before/after numbers). ``agent-r1 train OUT/run/config.yaml`` repeats
 the RL part.
 """
 

@@ -79,44 +79,70 @@ def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 class _GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` over a preallocated buffer that grows by doubling.
+    """A ``DynamicLayer`` over a zero-initialised buffer with spare rows and spare columns both sides.
 
     ``DynamicLayer`` appends with ``torch.cat``, copying the whole cache at every decode step; here a
-    step writes one column in place and ``keys`` / ``values`` are views of the filled part.
+    step writes one column in place and ``keys`` / ``values`` are views of the filled block
+    ``[:rows, :, start:end]``. Spare columns on the right take decode steps (the buffer doubles when
+    full); spare rows and spare columns on the left let joining rows, even ones longer than the batch,
+    be written in place (``append_rows``) instead of re-laying the whole cache. Unwritten slots stay
+    zero, so a masked slot never holds a non-finite value.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
-        self._length = 0
+        self._rows = self._start = self._end = 0
 
-    def set(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
-        """Hold exactly ``keys`` / ``values`` (B, H, T, D), with room for ``capacity`` positions."""
-        batch, heads, length, dim = keys.shape
-        self._key_buffer = keys.new_empty(batch, heads, max(capacity, length), dim)
-        self._value_buffer = values.new_empty(batch, heads, max(capacity, length), values.shape[-1])
-        self._key_buffer[:, :, :length] = keys
-        self._value_buffer[:, :, :length] = values
-        self._length = length
-        self.keys = self._key_buffer[:, :, :length]
-        self.values = self._value_buffer[:, :, :length]
+    def set(self, keys: torch.Tensor, values: torch.Tensor, *, rows: int = 0, left: int = 0, right: int = 0):
+        """Hold exactly ``keys`` / ``values`` (B, H, T, D), with room for ``rows`` rows in all and
+        ``left`` / ``right`` more positions."""
+        batch, heads, length, _ = keys.shape
+        rows, columns = max(rows, batch), left + length + right
+        self._key_buffer = keys.new_zeros(rows, heads, columns, keys.shape[-1])
+        self._value_buffer = values.new_zeros(rows, heads, columns, values.shape[-1])
+        self._key_buffer[:batch, :, left : left + length] = keys
+        self._value_buffer[:batch, :, left : left + length] = values
+        self._rows, self._start, self._end = batch, left, left + length
+        self._view()
         self.device = keys.device
         self.is_initialized = True
 
+    def _view(self) -> None:
+        self.keys = self._key_buffer[: self._rows, :, self._start : self._end]
+        self.values = self._value_buffer[: self._rows, :, self._start : self._end]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
-            self.set(key_states, value_states, 2 * key_states.shape[-2])
+            self.set(key_states, value_states, right=key_states.shape[-2])
             return self.keys, self.values
-        end = self._length + key_states.shape[-2]
+        end = self._end + key_states.shape[-2]
         if end > self._key_buffer.shape[-2]:
-            self.set(self.keys, self.values, 2 * end)
-        self._key_buffer[:, :, self._length : end] = key_states
-        self._value_buffer[:, :, self._length : end] = value_states
-        self._length = end
-        self.keys = self._key_buffer[:, :, :end]
-        self.values = self._value_buffer[:, :, :end]
+            width = end - self._start
+            self.set(self.keys, self.values, rows=self._key_buffer.shape[0], left=self._start, right=width)
+            end = self._end + key_states.shape[-2]
+        self._key_buffer[: self._rows, :, self._end : end] = key_states
+        self._value_buffer[: self._rows, :, self._end : end] = value_states
+        self._end = end
+        self._view()
         return self.keys, self.values
+
+    def fits(self, rows: int, length: int) -> bool:
+        """Whether ``append_rows`` can take ``rows`` rows of ``length`` positions in place."""
+        return self._rows + rows <= self._key_buffer.shape[0] and length <= self._end
+
+    def append_rows(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Add rows (n, H, L, D) right-aligned to the current end, widening the view to the left when
+        ``L`` exceeds its width (the existing rows' new columns are zero: padding). Needs ``fits``."""
+        n, length = keys.shape[0], keys.shape[-2]
+        self._start = min(self._start, self._end - length)
+        rows = slice(self._rows, self._rows + n)
+        for buffer, new in ((self._key_buffer, keys), (self._value_buffer, values)):
+            buffer[rows, :, self._start : self._end - length] = 0
+            buffer[rows, :, self._end - length : self._end] = new
+        self._rows += n
+        self._view()
 
 
 def _new_cache(num_layers: int) -> DynamicCache:
@@ -126,44 +152,90 @@ def _new_cache(num_layers: int) -> DynamicCache:
 
 
 class _Batch:
-    """The live decode batch: rows in cache order, a left-padded KV cache and its mask (B, T)."""
+    """The decode batch: a left-padded KV cache of B rows, its mask (B, T), and ``rows[i]``, the
+    request in cache row ``i``, or None once that request finished.
+
+    A finished row stays in the cache (its decode output is ignored) until finished rows make up half
+    the batch or new requests join: either way the live rows are copied once into a fresh cache, so
+    a copy happens O(log B) times per wave of finishing rows instead of at every retirement.
+    """
 
     def __init__(self) -> None:
         self.clear()
 
     def clear(self) -> None:
-        self.requests: list[_Request] = []
+        self.rows: list[_Request | None] = []
         self.cache: DynamicCache | None = None
         self.mask_BT: torch.Tensor | None = None
 
+    @property
+    def requests(self) -> list[_Request]:
+        """The live requests, in row order."""
+        return [r for r in self.rows if r is not None]
+
+    @property
+    def live_rows(self) -> list[int]:
+        return [i for i, r in enumerate(self.rows) if r is not None]
+
     def merge(self, requests: list[_Request], cache: DynamicCache, mask_BT: torch.Tensor) -> None:
+        """Append newly prefilled rows (their own cache and mask): in place when the buffers have room,
+        else by re-laying the live rows and the new ones into a fresh cache (finished rows dropped)."""
         if self.cache is None:
-            self.requests, self.cache, self.mask_BT = list(requests), cache, mask_BT
+            self.rows, self.cache, self.mask_BT = list(requests), cache, mask_BT
             return
-        length = max(self.mask_BT.shape[1], mask_BT.shape[1])
+        rows, length = mask_BT.shape
+        if self.cache.layers[0].fits(rows, length):
+            for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+                mine.append_rows(theirs.keys, theirs.values)
+            width = max(self.mask_BT.shape[1], length)
+            self.mask_BT = torch.cat([_left_pad(self.mask_BT, width, 1), _left_pad(mask_BT, width, 1)])
+            self.rows += requests
+            return
+        live = self.live_rows
+        index = torch.tensor(live, device=self.mask_BT.device)
+        mine_mask_BT, first = self._trimmed_mask(index)
+        width = max(mine_mask_BT.shape[1], length)
+        capacity = 2 * (len(live) + rows)
         for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
             mine.set(
-                torch.cat([_left_pad(mine.keys, length, 2), _left_pad(theirs.keys, length, 2)]),
-                torch.cat([_left_pad(mine.values, length, 2), _left_pad(theirs.values, length, 2)]),
-                2 * length,
+                *(
+                    torch.cat([_left_pad(a[index, :, first:], width, 2), _left_pad(b, width, 2)])
+                    for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values))
+                ),
+                rows=capacity,
+                left=width,
+                right=width,
             )
-        self.mask_BT = torch.cat([_left_pad(self.mask_BT, length, 1), _left_pad(mask_BT, length, 1)])
-        self.requests += requests
+        self.mask_BT = torch.cat([_left_pad(mine_mask_BT, width, 1), _left_pad(mask_BT, width, 1)])
+        self.rows = [self.rows[i] for i in live] + list(requests)
 
-    def keep(self, rows: list[int]) -> None:
-        """Keep only ``rows`` and drop the columns that are padding in every remaining row."""
-        if not rows:
+    def retire(self, rows: list[int]) -> None:
+        """Mark ``rows`` finished; compact the cache once finished rows are half of it or more."""
+        for i in rows:
+            self.rows[i] = None
+        live = self.live_rows
+        if not live:
             self.clear()
-            return
-        if len(rows) == len(self.requests):
-            return
-        index = torch.tensor(rows, device=self.mask_BT.device)
+        elif rows and 2 * len(live) <= len(self.rows):
+            index = torch.tensor(live, device=self.mask_BT.device)
+            self.mask_BT, first = self._trimmed_mask(index)
+            for layer in self.cache.layers:
+                width = self.mask_BT.shape[1]
+                layer.set(
+                    layer.keys[index, :, first:],
+                    layer.values[index, :, first:],
+                    rows=2 * len(live),
+                    left=width,
+                    right=width,
+                )
+            self.rows = [self.rows[i] for i in live]
+
+    def _trimmed_mask(self, index: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The mask of rows ``index`` without the columns that are padding in all of them, and the
+        first column kept."""
         mask_BT = self.mask_BT[index]
         first = int(mask_BT.any(dim=0).long().argmax())
-        self.mask_BT = mask_BT[:, first:]
-        for layer in self.cache.layers:
-            layer.set(layer.keys[index, :, first:], layer.values[index, :, first:], 2 * mask_BT.shape[1])
-        self.requests = [self.requests[i] for i in rows]
+        return mask_BT[:, first:], first
 
 
 class HFEngine:
@@ -408,7 +480,7 @@ class HFEngine:
                     torch.stack([self._padded_kv(kv, reused, layer_index, j, past) for kv in reused])
                     for j in (0, 1)
                 )
-                layer.set(keys, values, 2 * (past + length))
+                layer.set(keys, values, right=past + length)
         logits_BV = self._forward(
             ids_BS.to(self.device), mask_BT.to(self.device), position_ids_BS.to(self.device), cache
         )
@@ -418,11 +490,15 @@ class HFEngine:
     def _decode(self) -> None:
         """One step for every live row: feed its last token, sample the next."""
         batch = self._batch
-        ids_B1 = torch.tensor([[r.token_ids[-1]] for r in batch.requests], device=self.device)
-        position_ids_B1 = torch.tensor([[r.num_tokens - 1] for r in batch.requests], device=self.device)
-        batch.mask_BT = torch.cat([batch.mask_BT, batch.mask_BT.new_ones(len(batch.requests), 1)], dim=1)
+        # A finished row is fed token 0 at position 0 until the next compaction; its output is unused.
+        ids_B1 = torch.tensor([[r.token_ids[-1] if r else 0] for r in batch.rows], device=self.device)
+        position_ids_B1 = torch.tensor(
+            [[r.num_tokens - 1 if r else 0] for r in batch.rows], device=self.device
+        )
+        batch.mask_BT = torch.cat([batch.mask_BT, batch.mask_BT.new_ones(len(batch.rows), 1)], dim=1)
         logits_BV = self._forward(ids_B1, batch.mask_BT, position_ids_B1, batch.cache)
-        self._append_samples(batch.requests, logits_BV)
+        live = batch.live_rows
+        self._append_samples([batch.rows[i] for i in live], logits_BV[live])
 
     def _append_samples(self, requests: list[_Request], logits_BV: torch.Tensor) -> None:
         tokens_B, logprobs_B = sample_next_tokens(
@@ -500,13 +576,12 @@ class HFEngine:
 
     def _retire(self) -> None:
         """Finish the rows whose newest token ended them; keep the rest in the batch."""
-        keep = []
-        for i, request in enumerate(self._batch.requests):
-            reason = self._stop_reason(request)
-            if reason is None:
-                keep.append(i)
-            else:
+        finished = []
+        for i, request in enumerate(self._batch.rows):
+            reason = None if request is None else self._stop_reason(request)
+            if reason is not None:
                 if reason is not StopReason.ABORT and self.prefix_cache_entries > 0:
                     self._keep_prefix(i, request)
                 self._finish(request, reason, error="cancelled" if reason is StopReason.ABORT else None)
-        self._batch.keep(keep)
+                finished.append(i)
+        self._batch.retire(finished)

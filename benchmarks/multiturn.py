@@ -6,11 +6,12 @@ policy, in this process, with the same seed, data and settings:
 1. the tiny Qwen2 + byte-level ChatML tokenizer, supervised warm start on the imperfect demonstrator,
    each demonstration replayed through the ``ToolEnv`` with that context policy (so the SFT tokens are
    the ones RL will see);
-2. held-out greedy success of the warm start;
+2. held-out success of the warm start (sampled at temperature 1, ``quickstart.EVAL_SAMPLES`` episodes
+   per task, as the quickstart measures it);
 3. RL with the real trainer (multi-step rollouts, GRPO, PPO-clip, dynamic filtering; quickstart's
    settings) for ``--minutes`` of wall clock: training steps run until the budget is spent (a step that
    has started is finished);
-4. held-out greedy success after RL, and each trainer phase's share of the RL time, from the step
+4. held-out success after RL, and each trainer phase's share of the RL time, from the step
    metrics (``time/rollout``, ``time/score``, ``time/reference``, ``time/update``, ``time/sync``; the
    small ``filter`` and ``advantage`` phases are reported as "other").
 
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from agent_r1.commands import quickstart
 from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
 from agent_r1.tasks import arithmetic, get_task
 from agent_r1.train.config import config_from_dict
@@ -128,29 +130,20 @@ def run_rl(context: str, tokenizer, model, args, out: Path) -> dict:
     rl_tasks = spec.make_dataset(4000, split="train", seed=args.seed)
     heldout = spec.make_dataset(args.eval_tasks, split="test", seed=args.seed)
 
-    # quickstart's RL settings (agent_r1/commands/quickstart.py), with the context policy and no
-    # checkpoints or dumps inside the timed loop.
+    # quickstart's RL settings, with the context policy and no checkpoints or dumps inside the timed loop.
+    settings = quickstart.rl_settings(
+        steps=10_000,
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group_size,
+        lr=args.lr,
+        seed=args.seed,
+        run_dir=str(out / context),
+        threads=args.threads,
+    )
     config = config_from_dict(
         {
+            **settings,
             "model": {"path": ""},
-            "rollout": {
-                "n": args.group_size,
-                "temperature": 1.0,
-                "max_tokens": 96,
-                "max_steps": spec.max_turns,
-                "max_batch_size": args.tasks_per_step * args.group_size,
-            },
-            "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip", "dynamic_filter": True},
-            "trainer": {
-                "steps": 10_000,
-                "tasks_per_step": args.tasks_per_step,
-                "mini_batches": 2,
-                "lr": args.lr,
-                "micro_batch_tokens": 16384,
-                "seed": args.seed,
-                "run_dir": str(out / context),
-                "torch_threads": args.threads,
-            },
             "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False},
         }
     )
@@ -192,7 +185,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=3.0, help="wall-clock RL budget per context")
     parser.add_argument("--sft-demos", type=int, default=1000, help="warm-start demonstrations")
     parser.add_argument("--sft-epochs", type=int, default=2)
-    parser.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks (greedy)")
+    parser.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks (sampled)")
     parser.add_argument("--tasks-per-step", type=int, default=32)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-4)

@@ -6,7 +6,7 @@
 #
 # Extra arguments are passed to every script (so use only flags they all take: --quick).
 # vs_trl.py needs trl (pip install -e '.[bench]'); without it, it runs agent-r1 alone (--skip-trl).
-# rollout.py is written by another part of the project; it is skipped with a note until it exists.
+# A script that is missing is skipped with a note.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"

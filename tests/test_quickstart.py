@@ -37,10 +37,11 @@ def test_cli_lists_quickstart():
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_quick_run_trains_from_a_working_warm_start(tmp_path):
+def test_quick_run_improves_on_the_warm_start(tmp_path):
     """The CI-sized run end to end: the warm start solves a real share of the held-out tasks (the
-    demonstrator's habits keep it well short of all), RL updates are applied, and the run folder is
-    complete. Not asserted: the RL gain (docs/quickstart.md, "Measured", states the open gap)."""
+    demonstrator's habit keeps it well short of all), RL raises held-out success by a real margin
+    (the default run's goal is +20 points; this shorter run, with fewer held-out tasks, asserts +5),
+    and the run folder is complete."""
     out = tmp_path / "qs"
     result = subprocess.run(
         [sys.executable, "-m", "agent_r1.cli", "quickstart", "--quick", "--out", str(out)],
@@ -51,6 +52,7 @@ def test_quick_run_trains_from_a_working_warm_start(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert 0.2 <= summary["heldout_success_sft"] <= 0.8, summary
+    assert summary["gain_points"] >= 5.0, summary
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(row.get("update/skipped") == 0.0 for row in rows), "no RL update was applied"
     assert (out / "run" / "config.yaml").is_file()

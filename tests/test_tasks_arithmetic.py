@@ -49,12 +49,9 @@ def test_dataset_is_reproducible_and_splits_are_disjoint():
     assert len({r["expression"] for r in train}) == 300
     for row in train[:50]:
         a, b, c = row["a"], row["b"], row["c"]
-        assert int(row["answer"]) == (a * b + c if row["op"] == "+" else a * b - c)
-        assert row["prompt"][-1] == {
-            "role": "user",
-            "content": f"Compute x*y{row['op']}z for x={a}, y={b}, z={c}",
-        }
-    assert {r["op"] for r in train} == {"+", "-"}
+        assert int(row["answer"]) == a * b + c and 100 <= abs(c) <= 999
+        assert row["prompt"][-1] == {"role": "user", "content": f"Compute x*y+z for x={a}, y={b}, z={c}"}
+    assert {r["c"] > 0 for r in train} == {True, False}
     with pytest.raises(ValueError, match="split"):
         ar.make_dataset(1, split="validation")
 
@@ -90,21 +87,19 @@ def test_demonstrator_is_right_without_errors_and_uses_two_calls():
 
 
 def test_demonstrator_errors_are_systematic():
-    """Where a habit applies, the demonstrator's MOST COMMON answer is wrong; elsewhere it is right."""
+    """Where the habit applies, the demonstrator's MOST COMMON answer is wrong; elsewhere it is right."""
     rng = random.Random(0)
     tasks = ar.make_dataset(400, seed=0)
-    minus = [t for t in tasks if t["op"] == "-" and t["a"] * t["b"] < 5000]
-    big = [t for t in tasks if t["a"] * t["b"] >= 5000]
-    plain = [t for t in tasks if t["op"] == "+" and t["a"] * t["b"] < 5000]
-    assert minus and big and plain
+    big = [t for t in tasks if t["a"] * t["b"] >= ar.PREMATURE_PRODUCT]
+    plain = [t for t in tasks if t["a"] * t["b"] < ar.PREMATURE_PRODUCT]
+    assert 0.35 < len(big) / len(tasks) < 0.65
 
     def success(rows, repeats=10):
         hits = [_follow(t, ar.demonstrate(t, rng)) == t["answer"] for t in rows for _ in range(repeats)]
         return sum(hits) / len(hits)
 
     assert success(plain) == 1.0
-    assert 0.2 < success(minus) < 0.4
-    assert success(big) < 0.45
+    assert 0.2 < success(big) < 0.4
 
 
 def test_registry():

@@ -1,27 +1,33 @@
-"""A synthetic multi-step tool task: ``x*y+z`` or ``x*y-z`` with a one-operation calculator.
+"""A synthetic multi-step tool task: ``x*y+z`` (``z`` may be negative) with a one-operation calculator.
 
-The model is asked e.g. ``Compute x*y-z for x=37, y=84, z=612``. Its calculator takes exactly ONE
+The model is asked e.g. ``Compute x*y+z for x=37, y=84, z=-612``. Its calculator takes exactly ONE
 binary operation per call and knows the task's values by name (``x``, ``y``, ``z``) plus ``ans``,
 its previous result, like a pocket calculator's memory. A byte-level model of a million parameters
 cannot multiply two-digit numbers in its head, so a correct answer needs two calls (``x*y`` ->
-``3108``, then ``ans-z`` -> ``2496``) and a final ``<answer>ans</answer>`` (``<answer>2496</answer>``
-is accepted too). Deviation from a plain calculator task, and why: referring to values by name spares
-the tiny model from copying digits, which it learns only after far more supervised steps than a
-minutes-long CPU run affords; the skill left to learn, and that RL improves, is choosing the right
-calls and stopping at the right time.
+``3108``, then ``ans+z`` -> ``2496``) and a final ``<answer>ans</answer>`` (``<answer>2496</answer>``
+is accepted too). Deviations from a plain calculator task, and why:
 
-The demonstrator (``demonstrate``) is deliberately imperfect, and its errors are *systematic*: for
+- values are referred to by name: the tiny model learns to copy digits only after far more
+  supervised steps than a minutes-long CPU run affords;
+- there is one operation form, with the sign carried by ``z``: a first version mixed ``x*y+z`` and
+  ``x*y-z``, and after the quickstart's 150 supervised steps the model's choice of ``+`` or ``-`` in
+  its second call ignored the task (measured: P(``-``) 0.45 on either kind, even with a
+  demonstrator that never chose the wrong sign): the operator sits ~150 tokens back in the prompt.
+  Half the tasks were then out of reach of both the warm start and a minutes-long RL run.
+
+What is left to learn, and what RL improves, is when to stop calling the calculator.
+
+The demonstrator (``demonstrate``) is deliberately imperfect, and its error is *systematic*: for
 some inputs its most likely action is wrong, so a model cloned from it by supervised learning makes
 the same mistake under greedy decoding, and only reinforcement learning (which samples the rarer right
-action and is rewarded for it) can fix it. Its two habits:
+action and is rewarded for it) can fix it. Its habit, **premature answer**: when the product is
+3000 or more (about half the tasks) it usually answers the product itself, skipping the second call.
+The decision depends on the calculator's last result, a few tokens back, which a tiny model can
+condition on.
 
-- **sign slip**: on subtraction tasks it usually adds ``z`` instead of subtracting it;
-- **premature answer**: when the product is 5000 or more it usually answers the product itself,
-  skipping the second call.
-
-Every prompt and call has the same length (two-digit factors with a four-digit product, a three-digit
-``z``). Train and held-out tasks are disjoint: a task belongs to the held-out split when a hash of its
-expression says so, whatever the seed.
+Every prompt and call has about the same length (two-digit factors with a four-digit product, a
+three-digit ``z``). Train and held-out tasks are disjoint: a task belongs to the held-out split when
+a hash of its expression says so, whatever the seed.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ SYSTEM_PROMPT = (
 HELDOUT_FRACTION = 0.2
 _ANSWER_RE = re.compile(r"<answer>\s*(-?\d+|ans)\s*</answer>")
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
-_SYMBOLS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+PREMATURE_PRODUCT = 3000  # the demonstrator's habit applies from this product on
 
 
 def calculator(expression: str, names: Mapping[str, int] | None = None) -> str:
@@ -129,8 +135,8 @@ def make_dataset(n: int, *, split: str = "train", seed: int = 0) -> list[dict[st
     """``n`` distinct tasks of the given split (``"train"`` or ``"test"``), reproducible from ``seed``.
 
     Each row: ``id``, ``prompt`` (the opening chat messages: the compact system prompt and the
-    question), ``expression``, ``a``, ``b``, ``c``, ``op`` (``"+"`` or ``"-"``) and ``answer`` (the
-    integer, as a string).
+    question), ``expression``, ``a``, ``b``, ``c`` (the signed ``z``) and ``answer`` (the integer
+    ``a*b+c``, as a string).
     """
     if split not in ("train", "test"):
         raise ValueError(f"make_dataset: split must be 'train' or 'test', got {split!r}")
@@ -138,9 +144,8 @@ def make_dataset(n: int, *, split: str = "train", seed: int = 0) -> list[dict[st
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     while len(rows) < n:
-        a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(100, 999)
-        op = rng.choice("+-")
-        expression = f"{a}*{b}{op}{c}"
+        a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.choice((-1, 1)) * rng.randint(100, 999)
+        expression = f"{a}*{b}{c:+d}"
         if a * b < 1000 or expression in seen or _is_heldout(expression) != (split == "test"):
             continue
         seen.add(expression)
@@ -149,14 +154,13 @@ def make_dataset(n: int, *, split: str = "train", seed: int = 0) -> list[dict[st
                 "id": f"{split}-{seed}-{len(rows)}",
                 "prompt": [
                     {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": f"Compute x*y{op}z for x={a}, y={b}, z={c}"},
+                    {"role": "user", "content": f"Compute x*y+z for x={a}, y={b}, z={c}"},
                 ],
                 "expression": expression,
                 "a": a,
                 "b": b,
                 "c": c,
-                "op": op,
-                "answer": str(_SYMBOLS[op](a * b, c)),
+                "answer": str(a * b + c),
             }
         )
     return rows
@@ -191,17 +195,14 @@ def score(answer: str | None, task: Mapping[str, Any]) -> float:
 def demonstrate(task: Mapping[str, Any], rng: random.Random, *, error_rate: float = 0.7) -> list[str]:
     """The assistant responses of one demonstration (without the end-of-turn token).
 
-    With probability ``error_rate`` the demonstrator follows its bad habit where one applies (see
-    the module docstring), so for those inputs its most common action is wrong when
-    ``error_rate > 0.5``.
+    When the product is ``PREMATURE_PRODUCT`` or more, the demonstrator answers right after the
+    first call with probability ``error_rate`` (see the module docstring), so for those inputs its
+    most common action is wrong when ``error_rate > 0.5``.
     """
     first = tool_call_text("x*y")
-    if int(task["a"]) * int(task["b"]) >= 5000 and rng.random() < error_rate:
+    if int(task["a"]) * int(task["b"]) >= PREMATURE_PRODUCT and rng.random() < error_rate:
         return [first, answer_text("ans")]
-    op = task["op"]
-    if op == "-" and rng.random() < error_rate:
-        op = "+"
-    return [first, tool_call_text(f"ans{op}z"), answer_text("ans")]
+    return [first, tool_call_text("ans+z"), answer_text("ans")]
 
 
 class SystemPromptHermes(HermesFormat):

@@ -18,7 +18,7 @@ policy, in this process, with the same seed, data and settings:
 Prints machine info and one table, with the ``rerender`` / ``append`` ratio of the figures that
 compare. Only ratios inside one run are meaningful on a shared machine.
 
-    python benchmarks/multiturn.py               # quickstart --quick sizes, 3 minutes of RL per context
+    python benchmarks/multiturn.py               # quickstart's warm start, 3 minutes of RL per context
     python benchmarks/multiturn.py --minutes 10  # longer budget
     python benchmarks/multiturn.py --quick       # a smoke run (used by the test suite)
 """
@@ -116,7 +116,7 @@ def warm_starts(tokenizer, args) -> dict[str, tuple[object, str]]:
         train_sft(
             model,
             sequences[context],
-            SFTConfig(epochs=args.sft_epochs, seed=args.seed),
+            SFTConfig(epochs=args.sft_epochs, batch_size=16, micro_batch_size=16, seed=args.seed),
             pad_token_id=tokenizer.pad_token_id,
         )
         trained[context] = (model, f"SFT {time.perf_counter() - started:.0f}s")
@@ -183,10 +183,14 @@ def progress(message: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0, help="wall-clock RL budget per context")
-    parser.add_argument("--sft-demos", type=int, default=1000, help="warm-start demonstrations")
-    parser.add_argument("--sft-epochs", type=int, default=2)
-    parser.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks (sampled)")
-    parser.add_argument("--tasks-per-step", type=int, default=32)
+    parser.add_argument(
+        "--sft-demos", type=int, default=quickstart.DEFAULTS["sft_demos"], help="warm-start demonstrations"
+    )
+    parser.add_argument("--sft-epochs", type=int, default=quickstart.DEFAULTS["sft_epochs"])
+    parser.add_argument(
+        "--eval-tasks", type=int, default=quickstart.DEFAULTS["eval_tasks"], help="held-out tasks (sampled)"
+    )
+    parser.add_argument("--tasks-per-step", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
@@ -219,7 +223,8 @@ def main() -> None:
     print(
         f"task: quickstart arithmetic (calculator tool, <= 4 turns); SFT {args.sft_demos} demos x "
         f"{args.sft_epochs} epochs; RL budget {args.minutes:g} min per context, {args.tasks_per_step} tasks x "
-        f"{args.group_size} samples per step; held-out greedy success on {args.eval_tasks} tasks"
+        f"{args.group_size} samples per step; held-out success on {args.eval_tasks} tasks x "
+        f"{quickstart.EVAL_SAMPLES} sampled"
     )
     columns = [
         ("held-out success after SFT", lambda r: f"{r['before']:.3f}", None),

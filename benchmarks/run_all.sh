@@ -31,6 +31,5 @@ fi
 
 run layout.py "$@"
 run rollout.py "$@"
-run vs_trl.py --variant trainer.micro_batch_tokens=1024 \
-    --variant algorithm.old_logprobs=sampler,trainer.micro_batch_tokens=1024 "${vs_trl_args[@]}" "$@"
+run vs_trl.py "${vs_trl_args[@]}" "$@"
 run multiturn.py "$@"

@@ -226,7 +226,7 @@ def tools(memory: CalculatorMemory | None = None) -> list[Tool]:
         """Evaluate one operation (+, - or *) on integers or the names x, y, z and ans.
 
         Args:
-            expression: e.g. x*y or ans-z
+            expression: e.g. x*y or ans+z
         """
         return memory.evaluate(expression)
 

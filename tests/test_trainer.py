@@ -98,6 +98,8 @@ def test_metrics_follow_the_run_directory_contract(trained):
         f"step_{s:06d}.jsonl" for s in range(1, 7)
     ]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+    report = (run_dir / "report.html").read_text()  # written when fit() ends
+    assert "<html" in report and "reward/mean" in report
 
 
 def test_trajectory_dumps_carry_the_viewer_keys(trained, tiny_tokenizer):

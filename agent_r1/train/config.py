@@ -246,6 +246,7 @@ class LoggingConfig:
     wandb_project: str | None = _opt(None, "Log to Weights & Biases under this project (needs wandb).")
     wandb_name: str | None = _opt(None, "W&B run name.")
     dump_trajectories: bool = _opt(True, "Write each step's trajectories to RUN_DIR/trajectories/.")
+    report: bool = _opt(True, "Write RUN_DIR/report.html (as `agent-r1 report`) when training ends.")
 
 
 @dataclass(frozen=True)

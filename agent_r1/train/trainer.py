@@ -33,6 +33,7 @@ import asyncio
 import copy
 import hashlib
 import inspect
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -76,6 +77,8 @@ from agent_r1.train.run_dir import RunDir
 from agent_r1.types import SamplingParams, Task, Trajectory, TrajectoryGroup, TrajectoryStatus
 
 __all__ = ["Trainer", "evaluate", "train", "trajectory_success"]
+
+logger = logging.getLogger(__name__)
 
 CRITIC_ESTIMATORS = ("gae_token", "gae_step")
 RewardFn = Callable[[Trajectory, Task], float]
@@ -386,7 +389,21 @@ class Trainer:
         finally:
             self.run_dir.close()
             self.close()
+        if self.config.logging.report:
+            self._write_report()
         return last
+
+    def _write_report(self) -> None:
+        """``RUN_DIR/report.html`` (``agent-r1 report``). The run is complete on disk by now, so a
+        report that cannot be written is logged, not raised: ``agent-r1 report RUN_DIR`` retries it."""
+        from agent_r1.report.html import write_report
+
+        try:
+            write_report(self.run_dir.path)
+        except Exception as error:  # the trained run must not be lost to its report
+            logger.warning(
+                "could not write %s/report.html: %s: %s", self.run_dir.path, type(error).__name__, error
+            )
 
     def train_step(self, step: int) -> dict[str, float]:
         """One RL step, as named phases; returns its metrics (keys as in CONTRACTS.md)."""

@@ -294,3 +294,31 @@ def test_steps_record_the_policy_version_that_sampled_them(trained):
         for k in (1, 6)
     ]
     assert versions == [{0}, {5}]
+
+
+def test_dapo_resampling_refills_the_groups_the_filter_dropped(tiny_checkpoint, tmp_path):
+    """With dynamic filtering, groups whose rewards all agree are dropped and fresh tasks are rolled
+    out (up to ``algorithm.resample_rounds`` rounds) until ``tasks_per_step`` groups are kept."""
+    flat = {f"t{i}" for i in range(0, 12, 2)}
+
+    def reward_fn(trajectory, task):  # even tasks: every sample totals 0, a zero-variance group
+        return -sum(s.reward for s in trajectory.steps) if task["id"] in flat else 0.0
+
+    def run(rounds: int, name: str) -> list[dict]:
+        config = _config(
+            tiny_checkpoint,
+            tmp_path / name,
+            algorithm={"dynamic_filter": True, "resample_rounds": rounds},
+            trainer={"steps": 3, "eval_every": 0, "checkpoint_every": 0},
+            logging={"tensorboard": False, "dump_trajectories": False, "report": False},
+        )
+        Trainer(config, train_tasks=tasks(12), reward_fn=reward_fn).fit()
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    plain = run(0, "plain")
+    assert any(row["filter/kept_groups"] < 4 for row in plain)
+    refilled = run(4, "refilled")
+    assert all(row["filter/kept_groups"] == 4 for row in refilled), refilled
+    assert any(row["filter/resample_rounds"] >= 1 for row in refilled)
+    with pytest.raises(ConfigError, match="algorithm.resample_rounds"):
+        _config(tiny_checkpoint, tmp_path, algorithm={"resample_rounds": 2})

@@ -41,7 +41,14 @@ from agent_r1.distributed.parts import TrainerParts, load_driver_tokenizer
 from agent_r1.distributed.rollout_actor import RolloutJob, RolloutPool
 from agent_r1.train.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from agent_r1.train.config import ConfigError, TrainConfig
-from agent_r1.train.trainer import CRITIC_ESTIMATORS, RewardFn, Trainer, _mean, trajectory_success
+from agent_r1.train.trainer import (
+    CRITIC_ESTIMATORS,
+    RewardFn,
+    Trainer,
+    _mean,
+    _rollout_seed,
+    trajectory_success,
+)
 from agent_r1.types import Task, TrajectoryGroup, TrajectoryStatus
 
 __all__ = ["RayTrainer", "absolute_paths", "actor_runtime_env", "train_on_ray"]
@@ -135,10 +142,10 @@ class RayTrainer(Trainer):
         metrics["rollout/actor_restarts"] = float(self.rollouts.restarts)
         return metrics
 
-    def rollout(self, tasks: Sequence[Task], step: int) -> list[TrajectoryGroup]:
+    def rollout(self, tasks: Sequence[Task], step: int, *, resample: int = 0) -> list[TrajectoryGroup]:
         """Phase 1 on the rollout actors; in async mode, also submit step + 1's rollout."""
         if self.config.distributed.mode == "sync":
-            groups = self.rollouts.collect(self._submit(tasks, step))
+            groups = self.rollouts.collect(self._submit(tasks, step, resample))
         else:
             groups = self._rollout_async(tasks, step)
         upcoming = self.policy_version  # the version this step's update starts from
@@ -159,8 +166,9 @@ class RayTrainer(Trainer):
             self._in_flight = _InFlight(step + 1, self._submit(self.sampler.batch(step + 1), step + 1))
         return groups
 
-    def _submit(self, tasks: Sequence[Task], step: int) -> RolloutJob:
-        return self.rollouts.submit(tasks, self.config.rollout.n, f"{self.config.trainer.seed}:train:{step}")
+    def _submit(self, tasks: Sequence[Task], step: int, resample: int = 0) -> RolloutJob:
+        seed = _rollout_seed(self.config.trainer.seed, step, resample)
+        return self.rollouts.submit(tasks, self.config.rollout.n, seed)
 
     def sync_weights(self) -> None:
         """Phase 7: a new policy version; sync mode pushes it to the engines now, async mode when the

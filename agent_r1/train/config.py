@@ -191,6 +191,12 @@ class AlgorithmConfig:
     dynamic_filter: bool = _opt(
         False, "DAPO dynamic sampling: drop groups whose rewards all agree (zero advantage, no gradient)."
     )
+    resample_rounds: int = _opt(
+        0,
+        "With dynamic_filter: up to this many extra rollouts per step, each of fresh tasks, until "
+        "trainer.tasks_per_step groups survive the filter (DAPO's over-sampling); 0 trains on the survivors.",
+        _non_negative,
+    )
     old_logprobs: Literal["learner", "sampler"] = _opt(
         "learner",
         "Where PPO's old log-probs come from: the learner's recomputation before the update, or "
@@ -415,6 +421,14 @@ def _check_cross_field(config: TrainConfig) -> None:
             f"{config.trainer.mini_batches} mini-batches cannot split {batch} trajectories per step",
         )
     dist, algo = config.distributed, config.algorithm
+    if algo.resample_rounds and not algo.dynamic_filter:
+        raise ConfigError(
+            "algorithm.resample_rounds", "refills groups dropped by algorithm.dynamic_filter: set it"
+        )
+    if algo.resample_rounds and dist.mode == "async":
+        raise ConfigError(
+            "algorithm.resample_rounds", "not available with distributed.mode: async (its rollouts run ahead)"
+        )
     if dist.mode == "async" and algo.old_logprobs == "learner" and algo.tis_cap is None:
         raise ConfigError(
             "distributed.mode",

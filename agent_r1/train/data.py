@@ -141,3 +141,12 @@ class TaskSampler:
             epoch, index = divmod(i, len(self.tasks))
             out.append(self.tasks[self._order(epoch)[index]])
         return out
+
+    def extra(self, step: int, round: int, k: int) -> list[Mapping[str, Any]]:
+        """``k`` more tasks for step ``step``'s resampling round ``round`` (DAPO over-sampling): drawn
+        without replacement by a generator seeded with (seed, step, round), so a resumed run draws the
+        same ones."""
+        picks = random.Random(f"{self.seed}:extra:{step}:{round}").sample(
+            range(len(self.tasks)), min(k, len(self.tasks))
+        )
+        return [self.tasks[i] for i in picks]

@@ -153,6 +153,11 @@ class _Timer:
             )
 
 
+def _rollout_seed(seed: int, step: int, resample: int) -> str:
+    """The sampling seed of a step's rollout (``resample``: its DAPO resampling round, 0 for the first)."""
+    return f"{seed}:train:{step}" + (f":resample{resample}" if resample else "")
+
+
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -416,6 +421,21 @@ class Trainer:
                 groups = self.score(groups, tasks)
             with timer("filter"):
                 kept, filter_metrics = self.filter(groups)
+            rounds = 0
+            while len(kept) < len(tasks) and rounds < self.config.algorithm.resample_rounds:
+                rounds += 1
+                extra = self.sampler.extra(step, rounds, len(tasks) - len(kept))
+                with timer("rollout"):
+                    more = self.rollout(extra, step, resample=rounds)
+                with timer("score"):
+                    more = self.score(more, extra)
+                with timer("filter"):
+                    more_kept, _ = self.filter(more)
+                groups += more
+                kept += more_kept[: len(tasks) - len(kept)]
+            if self.config.algorithm.resample_rounds:
+                filter_metrics["filter/resample_rounds"] = float(rounds)
+                filter_metrics["filter/kept_groups"] = float(len(kept))
             metrics = {**self.rollout_metrics(groups), **filter_metrics}
             advantages_NL = None
             batch = None
@@ -439,10 +459,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
 
-    def rollout(self, tasks: Sequence[Task], step: int) -> list[TrajectoryGroup]:
-        """Phase 1: ``rollout.n`` samples of every task, all concurrently, seeded by (seed, step); each
-        step records the policy version that sampled it."""
-        self.engine.reseed(f"{self.config.trainer.seed}:train:{step}")
+    def rollout(self, tasks: Sequence[Task], step: int, *, resample: int = 0) -> list[TrajectoryGroup]:
+        """Phase 1: ``rollout.n`` samples of every task, all concurrently, seeded by (seed, step, and
+        the DAPO resampling round if any); each step records the policy version that sampled it."""
+        self.engine.reseed(_rollout_seed(self.config.trainer.seed, step, resample))
         groups = asyncio.run(rollout_groups(self.flow, self.engine, tasks, self.config.rollout.n))
         version = self.policy_version
         return [

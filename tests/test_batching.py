@@ -1,4 +1,4 @@
-"""Prefix-merged training sequences give exactly the per-step log-probs and gradients."""
+"""Prefix-merged training sequences and prefix trees give exactly the per-step log-probs and gradients."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from agent_r1.train.batching import (
+    TrainSequence,
     build_sequences,
     count_tokens,
     make_micro_batches,
     pack_sequences,
+    share_prefixes,
     step_rows,
 )
 from agent_r1.train.learner import micro_batch_logprobs
@@ -121,3 +123,98 @@ def test_merged_and_per_step_layouts_give_the_same_gradients(model):
     assert merged.keys() == per_step.keys() and merged
     for name in merged:
         assert torch.allclose(merged[name], per_step[name], atol=1e-5, rtol=1e-4), name
+
+
+def _groups(rng: random.Random, groups: int, size: int, turns: int) -> list[Trajectory]:
+    """GRPO-shaped trajectories: every member of a group starts from the group's prompt; one member
+    repeats its neighbour's first response (duplicates happen when a small model samples)."""
+    trajectories = []
+    for _ in range(groups):
+        prompt = [rng.randrange(3, 250) for _ in range(rng.randint(20, 30))]
+        for k in range(size):
+            steps, context = [], prompt
+            for t in range(turns):
+                response = [rng.randrange(3, 250) for _ in range(rng.randint(1, 6))]
+                if k == 1 and t == 0:
+                    response = list(trajectories[-1].steps[0].response_ids)
+                steps.append(_step(context, response, rng))
+                context = context + response + [rng.randrange(3, 250) for _ in range(rng.randint(2, 5))]
+            trajectories.append(Trajectory(task_id="t", steps=tuple(steps)))
+    return trajectories
+
+
+def test_share_prefixes_joins_a_group_where_the_cost_model_says_it_pays():
+    rng = random.Random(4)
+    sequences = build_sequences(_groups(rng, 3, 4, 1))
+    alone = share_prefixes(sequences, pair_cost=None, max_width=4096)
+    assert [len(t.members) for t in alone] == [1] * 12 and count_tokens(alone) == count_tokens(sequences)
+    trees = share_prefixes(sequences, pair_cost=1e-3, max_width=4096)
+    # one tree per group, its trunk at least the group's prompt; every sequence kept exactly once
+    assert sorted(len(t.members) for t in trees) == [4, 4, 4]
+    assert sorted(id(s) for t in trees for s in t.members) == sorted(id(s) for s in sequences)
+    for tree in trees:
+        assert all(
+            m.token_ids[: tree.shared] == tree.members[0].token_ids[: tree.shared] for m in tree.members
+        )
+        assert tree.shared >= min(len(m.token_ids) for m in tree.members) - 6
+    assert count_tokens(trees) < count_tokens(sequences) / 2
+    # Two 40-token sequences sharing 10 tokens: a 70-token tree saves 10 tokens of dense layers but
+    # costs 70^2 - 2 * 40^2 = 1700 more attention pairs; it pays only when a pair is cheap enough.
+    a, b = (TrainSequence(tuple(range(10)) + tuple(range(k, k + 30)), ()) for k in (100, 200))
+    assert [len(t.members) for t in share_prefixes([a, b], pair_cost=1e-3, max_width=4096)] == [2]
+    assert [len(t.members) for t in share_prefixes([a, b], pair_cost=1e-2, max_width=4096)] == [1, 1]
+    # a duplicate adds no width: it joins at any pair cost
+    assert [len(t.members) for t in share_prefixes([a, a], pair_cost=1.0, max_width=4096)] == [2]
+    narrow = share_prefixes(sequences, pair_cost=1e-3, max_width=40)
+    assert all(len(t) <= 40 or len(t.members) == 1 for t in narrow)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_prefix_trees_give_the_per_step_logprobs_and_gradients(tiny_checkpoint, kernel):
+    """Trees over groups (shared prompts, multi-turn members, a duplicate response) with several trees
+    and plain sequences per row give exactly the per-step log-probs and gradients."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_checkpoint, dtype=torch.float32, attn_implementation=kernel
+    )
+    rng = random.Random(5)
+    trajectories = _groups(rng, 3, 4, 2) + [_multi_turn(rng, 3, rewrite_at=1)]
+    rows = step_rows(trajectories)
+    weights = torch.randn(rows.num_tokens, generator=torch.Generator().manual_seed(1))
+
+    def run(pair_cost, budget):
+        model.zero_grad(set_to_none=True)
+        micro_batches = make_micro_batches(build_sequences(trajectories), rows, budget, pair_cost=pair_cost)
+        out = torch.zeros(rows.num_tokens)
+        for mb in micro_batches:
+            logprobs_K, _ = micro_batch_logprobs(model, mb, 0.7)
+            out = out.index_put((mb.flat_index_K,), logprobs_K)
+        (weights * out).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return out.detach(), grads, micro_batches
+
+    with torch.no_grad():
+        expected = _unpacked_reference_logprobs(model, trajectories)
+    plain, plain_grads, plain_mbs = run(None, 4096)
+    for budget in (4096, 120):
+        trees, tree_grads, tree_mbs = run(1e-3, budget)
+        assert any(mb.attention_BTT is not None for mb in tree_mbs)
+        assert sum(mb.num_tokens for mb in tree_mbs) < sum(mb.num_tokens for mb in plain_mbs)
+        assert torch.allclose(trees, expected, atol=1e-5, rtol=0)
+        assert torch.allclose(trees, plain, atol=1e-5, rtol=0)
+        for name in plain_grads:
+            assert torch.allclose(tree_grads[name], plain_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_a_kernel_without_custom_masks_refuses_trees_by_name(tiny_checkpoint, model):
+    rng = random.Random(6)
+    trajectories = _groups(rng, 1, 3, 1)
+    (mb,) = make_micro_batches(build_sequences(trajectories), step_rows(trajectories), 4096, pair_cost=1e-3)
+    assert mb.attention_BTT is not None
+    model.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(ValueError, match="share_prefixes: false"):
+            micro_batch_logprobs(model, mb, 1.0)
+    finally:
+        model.config._attn_implementation = "sdpa"

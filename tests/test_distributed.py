@@ -100,6 +100,10 @@ def test_sync_ray_training_matches_the_single_process_trainer(single_and_ray, ti
     first = load_file(Path(tiny_checkpoint) / "model.safetensors")
     assert any(not torch.equal(first[name], theirs[name]) for name in first)  # training moved the weights
     for name, tensor in theirs.items():
+        if "k_proj.bias" in name:
+            # A key bias adds the same q.b to every score of a query, which softmax ignores: its true
+            # gradient is 0, so its gradient is rounding noise, and Adam turns noise into lr-sized steps.
+            continue
         torch.testing.assert_close(ours[name], tensor, atol=1e-5, rtol=1e-4)
 
 

@@ -20,6 +20,7 @@ on their shard of the same mini-batches, for every (strategy, LoRA) case. The si
 from __future__ import annotations
 
 import functools
+import random
 import socket
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +39,7 @@ from agent_r1.train.config import config_from_dict
 from agent_r1.train.critic import load_critic, micro_batch_values
 from agent_r1.train.learner import Learner, MiniBatch, load_policy
 from agent_r1.train.trainer import export_weights
+from agent_r1.types import Step, Trajectory
 
 pytestmark = pytest.mark.ray  # the learner group's worker class (no cluster is started)
 
@@ -62,9 +64,18 @@ def _config(checkpoint: str, strategy: str, lora_rank: int):
     )
 
 
+def _group(seed: int, size: int = 3) -> list[Trajectory]:
+    """``size`` one-step trajectories answering the same prompt (a GRPO group)."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(3, 250) for _ in range(6)]
+    responses = [[rng.randrange(3, 250) for _ in range(rng.randint(2, 5))] for _ in range(size)]
+    return [Trajectory("g", (Step(prompt, r, logprobs=[-5.0] * len(r)),)) for r in responses]
+
+
 def _mini_batch(seed: int, budget: int) -> MiniBatch:
-    """The trainer's per-token fields for a few random trajectories, cut into micro-batches."""
-    trajectories = _trajectories(seed, count=4)
+    """The trainer's per-token fields for a few random trajectories and a group sharing its prompt
+    (laid out as a prefix tree), cut into micro-batches."""
+    trajectories = _trajectories(seed, count=4) + _group(seed)
     rows = step_rows(trajectories)
     n = rows.num_tokens
     seq_ids = torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids])
@@ -80,7 +91,9 @@ def _mini_batch(seed: int, budget: int) -> MiniBatch:
         "value_mask": mask,
     }
     weights = aggregation_weights(mask, "seq-mean-token-mean", seq_ids=seq_ids)
-    return MiniBatch(make_micro_batches(build_sequences(trajectories), rows, budget), weights, tokens)
+    micro_batches = make_micro_batches(build_sequences(trajectories), rows, budget, pair_cost=1e-3)
+    assert any(mb.attention_BTT is not None for mb in micro_batches)
+    return MiniBatch(micro_batches, weights, tokens)
 
 
 def _shard(mini: MiniBatch, rank: int) -> MiniBatch:
@@ -269,7 +282,9 @@ def test_the_critic_beside_the_policy_trains_like_the_single_process_critic(
         assert mine["update/skipped"] == 0.0 and set(mine) == set(single), k
         for key in ("loss/policy", "grad_norm", "value_clip_fraction"):
             assert mine[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), (k, key)
-    torch.testing.assert_close(ours["values"], theirs["values"], atol=1e-4, rtol=1e-4)
+    # Values of a critic after three Adam steps of lr 1e-2 (the weights' note above: summation-order
+    # noise in near-zero gradient entries becomes ~lr-scaled steps); they reach ~0.07.
+    torch.testing.assert_close(ours["values"], theirs["values"], atol=2e-4, rtol=1e-4)
     assert ours["values"].abs().max() > 1e-3  # the zero-initialised head learned
     assert ours["metrics"][3]["loss/policy"] == pytest.approx(ours["metrics"][2]["loss/policy"], rel=1e-6)
     torch.testing.assert_close(ours["reloaded_values"], ours["values"], atol=1e-6, rtol=1e-6)

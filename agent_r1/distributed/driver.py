@@ -47,6 +47,7 @@ from agent_r1.train.trainer import (
     Trainer,
     _mean,
     _rollout_seed,
+    prefix_pair_cost,
     trajectory_success,
 )
 from agent_r1.types import Task, TrajectoryGroup, TrajectoryStatus
@@ -100,6 +101,9 @@ class RayTrainer(Trainer):
             self.val_tasks = self._tasks(val_tasks, config.data.val, config.data.val_split, "data.val")
             if config.data.max_val_tasks:
                 self.val_tasks = self.val_tasks[: config.data.max_val_tasks]
+        from transformers import AutoConfig
+
+        self.pair_cost = prefix_pair_cost(config, AutoConfig.from_pretrained(config.model.path))
         parts = TrainerParts(config)
         self.sampling, self.eval_sampling = parts.sampling, parts.eval_sampling
         self.policy_loss, self.policy_loss_config = parts.policy_loss, parts.policy_loss_config

@@ -223,6 +223,12 @@ class TrainerConfig:
     micro_batch_tokens: int = _opt(
         8192, "Token budget of one forward/backward micro-batch (packed).", _positive
     )
+    share_prefixes: bool = _opt(
+        True,
+        "Compute a prefix shared by several training sequences (a group's prompt) once, as a prefix "
+        "tree with a tree attention mask, where the cost model says it pays; needs an attention kernel "
+        "that takes a custom mask (sdpa, eager), so it is off under flash-attention.",
+    )
     lr: float = _opt(1e-6, "Peak learning rate (AdamW).", _positive)
     critic_lr: float = _opt(1e-5, "Critic (value head) learning rate.", _positive)
     weight_decay: float = _opt(0.0, "AdamW weight decay.", _non_negative)

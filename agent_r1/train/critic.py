@@ -37,11 +37,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
-        hidden_BTH = self.body(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
-        return self.head(hidden_BTH.to(self.head.weight.dtype))[..., 0]  # (B, T)
+    def forward(self, **inputs: Tensor) -> Tensor:
+        """Values (B, T) at every position; ``inputs`` as for the body (``learner.model_inputs``)."""
+        hidden_BTH = self.body(**inputs).last_hidden_state
+        return self.head(hidden_BTH.to(self.head.weight.dtype))[..., 0]
 
     def save(self, path: str | Path) -> None:
         torch.save(self.state_dict(), path)
@@ -63,6 +62,9 @@ def micro_batch_values(
     model: ValueModel, micro_batch: MicroBatch, temperature: float = 1.0, *, with_entropy: bool = False
 ) -> tuple[Tensor, None]:
     """Values (K,) of the prefix before each scored token (``Learner`` forward signature)."""
-    device = next(model.parameters()).device
-    values_BT = model(micro_batch.input_ids_BT.to(device), micro_batch.position_ids_BT.to(device))
-    return values_BT.flatten(0, 1)[micro_batch.logit_index_K.to(device)].float(), None
+    from agent_r1.train.learner import model_inputs
+
+    body = getattr(model, "module", model).body  # through a DDP wrapper
+    inputs = model_inputs(body, micro_batch)
+    values_BT = model(**inputs)
+    return values_BT.flatten(0, 1)[micro_batch.logit_index_K.to(inputs["input_ids"].device)].float(), None

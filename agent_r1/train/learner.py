@@ -2,8 +2,9 @@
 
 - Log-probs are ``log softmax(logits / temperature)`` over the full vocabulary, the exact quantity the
   samplers report (``agent_r1.types``); masking logits on one side only would break the PPO ratio.
-- A micro-batch is one packed row (``agent_r1.train.batching``) run with ``position_ids`` restarting
-  per sequence and no attention mask, which Hugging Face turns into a block-diagonal causal mask.
+- A micro-batch is packed rows (``agent_r1.train.batching``) run with ``position_ids`` restarting
+  per sequence and no attention mask, which Hugging Face turns into a block-diagonal causal mask; a
+  micro-batch holding prefix trees brings its own 4D mask (``model_inputs``).
 - Updates accumulate gradients over micro-batches with *global* per-token weights (see
   ``agent_r1.algos.aggregation``), so the loss of a mini-batch does not depend on how it was cut into
   micro-batches. A non-finite loss or gradient norm skips the optimizer step (counted in the metrics);
@@ -41,7 +42,9 @@ __all__ = [
     "MiniBatch",
     "TokenLoss",
     "load_policy",
+    "attention_implementation",
     "micro_batch_logprobs",
+    "model_inputs",
     "lr_lambda",
 ]
 
@@ -49,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _LOSS, _WEIGHT, _NON_FINITE = "_loss_sum", "_stat_weight", "_non_finite"  # reduced with the stat sums
+MASKABLE_KERNELS = ("sdpa", "eager")
+"""Attention kernels that accept an arbitrary 4D mask, i.e. can run prefix trees."""
 
 
 def load_policy(config: ModelConfig, *, path: str | None = None):
@@ -77,17 +82,50 @@ def load_policy(config: ModelConfig, *, path: str | None = None):
     return model
 
 
+def attention_implementation(model) -> str:
+    """The attention kernel a (possibly DDP- or peft-wrapped) Hugging Face model runs."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    return getattr(config, "_attn_implementation", None) or "sdpa"
+
+
+def model_inputs(model, micro_batch: MicroBatch) -> dict[str, Tensor]:
+    """The keyword inputs of a Hugging Face forward over ``micro_batch`` on ``model``'s device.
+
+    Without a tree mask, packed sequences are masked by Hugging Face from the restarting position ids.
+    A prefix-tree mask goes in as a 4D mask, which Hugging Face passes to the kernel as given: boolean
+    for SDPA, additive (0 or the dtype's minimum) for the eager kernel. Kernels that take no custom
+    mask (flash-attention) cannot run trees (``Trainer`` then builds none).
+    """
+    parameter = next(model.parameters())
+    inputs = {
+        "input_ids": micro_batch.input_ids_BT.to(parameter.device),
+        "position_ids": micro_batch.position_ids_BT.to(parameter.device),
+        "use_cache": False,  # a cache disables Hugging Face's packed-sequence masking
+    }
+    if micro_batch.attention_BTT is not None:
+        kernel = attention_implementation(model)
+        if kernel not in MASKABLE_KERNELS:
+            raise ValueError(
+                f"attention kernel {kernel!r} takes no custom mask, so it cannot run prefix trees: "
+                "set trainer.share_prefixes: false"
+            )
+        mask_B1TT = micro_batch.attention_BTT[:, None].to(parameter.device)
+        if kernel == "eager":
+            blocked = torch.finfo(parameter.dtype).min
+            mask_B1TT = torch.zeros(
+                mask_B1TT.shape, dtype=parameter.dtype, device=parameter.device
+            ).masked_fill(~mask_B1TT, blocked)
+        inputs["attention_mask"] = mask_B1TT
+    return inputs
+
+
 def micro_batch_logprobs(
     model, micro_batch: MicroBatch, temperature: float, *, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (K,) of the micro-batch's scored tokens, and optionally the entropy (K,) of each
     token's distribution, both under ``softmax(logits / temperature)`` in fp32."""
     device = next(model.parameters()).device
-    out = model(
-        input_ids=micro_batch.input_ids_BT.to(device),
-        position_ids=micro_batch.position_ids_BT.to(device),
-        use_cache=False,  # a cache disables Hugging Face's packed-sequence masking
-    )
+    out = model(**model_inputs(model, micro_batch))
     logits_KV = out.logits.flatten(0, 1)[micro_batch.logit_index_K.to(device)].float() / temperature
     logprobs_KV = torch.log_softmax(logits_KV, dim=-1)
     logprobs_K = logprobs_KV.gather(-1, micro_batch.target_ids_K.to(device)[:, None])[:, 0]

@@ -58,9 +58,11 @@ from agent_r1.flows.base import AgentEnvLoop, AgentFlow, rollout_groups
 from agent_r1.train.batching import (
     StepRows,
     TrainSequence,
+    attention_pair_cost,
     build_sequences,
     count_tokens,
     make_micro_batches,
+    share_prefixes,
     step_rows,
 )
 from agent_r1.train.checkpoint import (
@@ -72,7 +74,7 @@ from agent_r1.train.checkpoint import (
 )
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.data import TaskSampler, check_fields, load_tasks
-from agent_r1.train.learner import Learner, MiniBatch, load_policy
+from agent_r1.train.learner import MASKABLE_KERNELS, Learner, MiniBatch, load_policy
 from agent_r1.train.run_dir import RunDir
 from agent_r1.types import SamplingParams, Task, Trajectory, TrajectoryGroup, TrajectoryStatus
 
@@ -81,6 +83,20 @@ __all__ = ["Trainer", "evaluate", "train", "trajectory_success"]
 logger = logging.getLogger(__name__)
 
 CRITIC_ESTIMATORS = ("gae_token", "gae_step")
+
+
+def prefix_pair_cost(config: TrainConfig, model_config) -> float | None:
+    """The attention weight of the prefix-tree cost model for this policy (``batching``), or None
+    where prefix trees are off (``trainer.share_prefixes``) or the attention kernel takes no mask."""
+    if not config.trainer.share_prefixes:
+        return None
+    kernel = getattr(model_config, "_attn_implementation", None) or "sdpa"
+    if kernel not in MASKABLE_KERNELS:
+        logger.info("prefix trees off: attention kernel %r takes no custom mask", kernel)
+        return None
+    return attention_pair_cost(model_config)
+
+
 RewardFn = Callable[[Trajectory, Task], float]
 
 
@@ -214,6 +230,7 @@ class Trainer:
                 raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
             model = load_policy(config.model)
         self.model = model
+        self.pair_cost = prefix_pair_cost(config, model.config)
 
         self.train_tasks = None
         if train_tasks is not None or config.data.train:
@@ -530,7 +547,9 @@ class Trainer:
             "sampler_logprobs": torch.tensor([lp for s in rows.steps for lp in s.logprobs]),
             "seq_ids": torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids]),
         }
-        all_micro_batches = make_micro_batches(sequences, rows, self.config.trainer.micro_batch_tokens)
+        all_micro_batches = make_micro_batches(
+            sequences, rows, self.config.trainer.micro_batch_tokens, pair_cost=self.pair_cost
+        )
         single_pass = self.config.trainer.ppo_epochs == 1 and self.config.trainer.mini_batches == 1
         if self.config.algorithm.old_logprobs == "sampler":
             tokens["old_logprobs"] = tokens["sampler_logprobs"]
@@ -596,14 +615,17 @@ class Trainer:
                     norm_len=float(self.config.rollout.max_tokens),
                 )
                 sequences = [s for s, t in zip(batch.sequences, sequence_traj, strict=True) if t in chosen]
-                micro_batches = make_micro_batches(sequences, batch.rows, cfg.micro_batch_tokens)
+                micro_batches = make_micro_batches(
+                    sequences, batch.rows, cfg.micro_batch_tokens, pair_cost=self.pair_cost
+                )
                 mini = MiniBatch(micro_batches, weights, {**tokens, "mask": mask})
                 history.append(self.learner.update(mini, self._token_loss, with_entropy=True))
                 if self.critic is not None:
                     history[-1].update(self._update_critic(tokens, in_mini, micro_batches))
         metrics = {key: _mean([h[key] for h in history if key in h]) for key in history[0]}
         metrics["update/skipped"] = sum(h["update/skipped"] for h in history)
-        metrics["train/tokens"] = float(count_tokens(batch.sequences))
+        trees = share_prefixes(batch.sequences, pair_cost=self.pair_cost, max_width=cfg.micro_batch_tokens)
+        metrics["train/tokens"] = float(count_tokens(trees))
         metrics["train/tokens_per_step_layout"] = float(
             sum(len(s.prompt_ids) + len(s.response_ids) for s in batch.rows.steps)
         )

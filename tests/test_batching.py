@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from agent_r1.train.batching import (
+    SOFTMAX_MACS,
     TrainSequence,
+    attention_pair_cost,
     build_sequences,
     count_tokens,
     make_micro_batches,
@@ -218,3 +220,20 @@ def test_a_kernel_without_custom_masks_refuses_trees_by_name(tiny_checkpoint, mo
             micro_batch_logprobs(model, mb, 1.0)
     finally:
         model.config._attn_implementation = "sdpa"
+
+
+def test_attention_pair_cost_from_the_config_dimensions():
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=100,
+    )
+    # per layer: q, o 64x64 each; k, v 64x32 each (2 kv heads of 16); MLP 3 x 64x128; LM head 64x100
+    token = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) + 64 * 100
+    pair = 2 * 4 * (2 * 16 + SOFTMAX_MACS)
+    assert attention_pair_cost(config) == pytest.approx(pair / token)

@@ -42,6 +42,7 @@ import torch
 from agent_r1.types import Step, Trajectory
 
 __all__ = [
+    "SOFTMAX_MACS",
     "MicroBatch",
     "PrefixTree",
     "StepRows",
@@ -153,12 +154,21 @@ class PrefixTree:
         return self.shared + sum(len(m) - self.shared for m in self.members)
 
 
-def attention_pair_cost(config) -> float:
-    """The forward cost of one attention (query, key) pair relative to one token's dense layers, from
-    a Hugging Face config's dimensions (both in multiply-adds, summed over layers).
+SOFTMAX_MACS = 192
+"""Multiply-add equivalents per attention pair and head for the work around the two matmuls: scaling,
+masking and softmax of every score, forward and backward. These are elementwise passes over the
+(query, key) pairs that run far below matmul speed. Calibrated on the quickstart's RL batch on the
+2-core CPU: 192 (4x the matmul-only cost of the tiny model's 32-wide heads) was the best of 1x to 32x,
+with a forward + backward of 3.8 s against 4.9 s at 1x and 6.4 s without trees."""
 
-    Per layer a pair costs 2 x heads x head_dim (its score and its share of the weighted values); a
-    token costs its projections (q, k, v, o), its MLP (3 matrices, gated) and, once, the LM head.
+
+def attention_pair_cost(config) -> float:
+    """The cost of one attention (query, key) pair relative to one token's dense layers, from a
+    Hugging Face config's dimensions (multiply-adds, summed over layers).
+
+    Per layer a pair costs, per head, 2 x head_dim (its score and its share of the weighted values)
+    plus ``SOFTMAX_MACS``. A token costs its projections (q, k, v, o), its gated MLP (3 matrices) and,
+    once, the LM head.
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden = text.hidden_size
@@ -169,7 +179,7 @@ def attention_pair_cost(config) -> float:
     ffn = getattr(text, "intermediate_size", None) or 4 * hidden
     per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * ffn
     token = layers * per_layer + hidden * text.vocab_size
-    return layers * 2 * heads * head_dim / token
+    return layers * heads * (2 * head_dim + SOFTMAX_MACS) / token
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

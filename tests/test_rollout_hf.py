@@ -106,6 +106,32 @@ def test_next_turn_reuses_the_previous_turns_kv_exactly(model):
     assert no_reuse.prefix_hits == 0
 
 
+def test_a_group_sharing_its_prompt_is_prefilled_once_and_samples_independently(model):
+    """A GRPO group: rollout.n requests with one prompt join together (with another prompt between
+    them); the prompt runs once, every row still samples on its own and matches the learner."""
+    engine = HFEngine(model)
+    group = prompt(12, 3)
+
+    async def main():
+        calls = [
+            engine.generate(group, SamplingParams(temperature=1.0, max_tokens=10, seed=k)) for k in range(4)
+        ]
+        calls.insert(2, engine.generate(prompt(9, 1), SamplingParams(temperature=1.0, max_tokens=10, seed=9)))
+        with engine._wakeup:  # the engine thread takes the queue only once all five are in it
+            tasks = [asyncio.ensure_future(c) for c in calls]
+            await asyncio.sleep(0)  # every task runs up to its submission
+        return await asyncio.gather(*tasks)
+
+    completions = asyncio.run(main())
+    assert engine.shared_prefills == 3
+    members = [c for i, c in enumerate(completions) if i != 2]
+    assert len({tuple(c.token_ids) for c in members}) > 1  # independent samples, not copies
+    for i, c in enumerate(completions):
+        ids = prompt(9, 1) if i == 2 else group
+        gap = (learner_logprobs(model, ids, c, 1.0) - torch.tensor(c.logprobs)).abs().max()
+        assert c.error is None and gap < 1e-4, (i, float(gap))
+
+
 def test_rows_joining_and_leaving_at_random_keep_exact_logprobs(model):
     """A churning batch: staggered multi-turn trajectories of mixed lengths join and finish at random
     (rows appended in place, finished rows left in the cache and compacted, full re-lays when the

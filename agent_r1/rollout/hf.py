@@ -248,7 +248,8 @@ class HFEngine:
     sequence, e.g. for benchmarks that need exact lengths). ``max_context``: prompt + response
     limit (default: ``config.max_position_embeddings``). ``prefix_cache_entries``: how many finished
     sequences keep their KV for a next turn that extends them (default ``max_batch_size``; 0: off).
-    ``prefix_hits`` counts prompts that reused one.
+    ``prefix_hits`` counts prompts that reused one; ``shared_prefills`` counts prompts that joined
+    together with an identical one and were prefilled once for both.
     """
 
     def __init__(
@@ -281,6 +282,7 @@ class HFEngine:
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self.prefix_cache_entries = max_batch_size if prefix_cache_entries is None else prefix_cache_entries
         self.prefix_hits = 0
+        self.shared_prefills = 0
         # token ids fed so far (prompt + response[:-1]) -> per-layer (keys, values), each (H, T, D)
         self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
         self._prefixes_fingerprint = self._weights_fingerprint()
@@ -456,18 +458,27 @@ class HFEngine:
     def _prefill(self, requests: list[_Request]) -> None:
         """Run the prompts of joining requests and sample their first tokens.
 
-        A prompt that extends a finished request's prompt + response reuses that KV (see
+        Requests with identical prompts (the samples of a group) are prefilled once: their rows get
+        copies of its KV and logits, and each samples with its own generator. A prompt that extends a finished request's prompt + response reuses that KV (see
         ``prefix_cache_entries``) and runs only its new suffix. Row ``i`` is laid out as
         ``[pad, reused_i, pad, suffix_i]`` over ``(P + S)`` columns; the mask hides the padding and
         ``position_ids`` continue from the reused length, so the result equals a full prefill.
         """
-        reused = [self._take_prefix(r.prompt_ids) for r in requests]
+        unique: list[_Request] = []
+        row_of: dict[tuple[int, ...], int] = {}  # prompt -> its row among the unique ones
+        for request in requests:
+            if request.prompt_ids not in row_of:
+                row_of[request.prompt_ids] = len(unique)
+                unique.append(request)
+        copy_of = [row_of[r.prompt_ids] for r in requests]
+        self.shared_prefills += len(requests) - len(unique)
+        reused = [self._take_prefix(r.prompt_ids) for r in unique]
         reused_lengths = [0 if kv is None else kv[0][0].shape[1] for kv in reused]
-        suffixes = [r.prompt_ids[n:] for r, n in zip(requests, reused_lengths, strict=True)]
+        suffixes = [r.prompt_ids[n:] for r, n in zip(unique, reused_lengths, strict=True)]
         past, length = max(reused_lengths), max(len(x) for x in suffixes)
-        ids_BS = torch.zeros(len(requests), length, dtype=torch.long)
-        mask_BT = torch.zeros(len(requests), past + length, dtype=torch.long)
-        position_ids_BS = torch.zeros(len(requests), length, dtype=torch.long)
+        ids_BS = torch.zeros(len(unique), length, dtype=torch.long)
+        mask_BT = torch.zeros(len(unique), past + length, dtype=torch.long)
+        position_ids_BS = torch.zeros(len(unique), length, dtype=torch.long)
         for i, (n, suffix) in enumerate(zip(reused_lengths, suffixes, strict=True)):
             ids_BS[i, length - len(suffix) :] = torch.tensor(suffix)
             mask_BT[i, past - n : past] = 1
@@ -484,6 +495,11 @@ class HFEngine:
         logits_BV = self._forward(
             ids_BS.to(self.device), mask_BT.to(self.device), position_ids_BS.to(self.device), cache
         )
+        if len(unique) < len(requests):
+            index = torch.tensor(copy_of, device=self.device)
+            for layer in cache.layers:
+                layer.set(layer.keys[index], layer.values[index], right=layer.keys.shape[-2])
+            logits_BV, mask_BT = logits_BV[index], mask_BT[index.cpu()]
         self._append_samples(requests, logits_BV)
         self._batch.merge(requests, cache, mask_BT.to(self.device))
 

@@ -1,22 +1,26 @@
 """agent-r1 vs TRL's GRPOTrainer on one single-turn task, both on CPU, in the same run.
 
-Task: "Reverse the letters: abcd" -> "dcba" (3-6 random lowercase letters). Reward: the
+Task: "Last letter, twice: abcd" -> "dd" (words of 3-6 random lowercase letters). Reward: the
 ``difflib.SequenceMatcher`` ratio between the response (special tokens stripped, whitespace trimmed)
-and the reversed word, in [0, 1] — dense, so a briefly warm-started tiny model already earns some.
-One plain Python function scores both frameworks.
+and the target, in [0, 1]; one plain Python function scores both frameworks.
 
-Shared setup: the ~1M-param tiny Qwen2 + byte-level ChatML tokenizer, warm-started by a short SFT
-on correct reversals (``agent_r1.train.sft``) and saved once; both trainers start from that folder.
-Identical GRPO settings: group size (``rollout.n`` / ``num_generations``), prompts per iteration,
-max new tokens, lr (constant, AdamW betas 0.9/0.999, no weight decay), grad-norm clip 1.0,
-temperature 1.0 (no top-p / top-k), no KL (``kl_coef`` / ``beta`` = 0), group-std advantages, PPO clip
-0.2 / 0.28, token-mean loss (TRL ``loss_type="dapo"``), one optimizer step per iteration.
-The script checks that both frameworks build identical prompt token ids.
+Shared setup: the ~1M-param tiny Qwen2 + byte-level ChatML tokenizer, warm-started by a short SFT and
+saved once; both trainers start from that folder. The demonstrations have one systematic error, so that
+RL has something to fix within a CPU-sized run: on ``HABIT`` of them the demonstrator writes the letter
+once ("d", reward 0.67). The model learns the task and the habit's marginal, so it answers once about
+that often; under greedy decoding it always does (the task the tiny model cannot learn in minutes,
+reversing the word, showed no learning in either framework). Identical GRPO settings: group size
+(``rollout.n`` / ``num_generations``), prompts per iteration, max new tokens, lr (constant, AdamW betas
+0.9/0.999, no weight decay), grad-norm clip 1.0, temperature 1.0 (no top-p / top-k), no KL
+(``kl_coef`` / ``beta`` = 0), group-std advantages, PPO clip 0.2 / 0.28, token-mean loss (TRL
+``loss_type="dapo"``), one optimizer step per iteration. The script checks that both frameworks build
+identical prompt token ids.
 
 Measured: seconds per iteration (median of the wall-clock gaps between consecutive iterations after
 ``--warmup`` of them, so logging and data loading count for both) and reward: the mean training
-reward of the last ``--last`` iterations, and greedy held-out reward of the final model (the same
-evaluation code for both, and for the warm start). Prints machine info and one table with ratios
+reward of the last ``--last`` iterations, and the held-out reward of the final model (the same
+evaluation code for both, and for the warm start): greedy, and sampled at temperature 1 (the policy
+as trained; ``--eval-samples`` per task). Prints machine info and one table with ratios
 agent-r1 / TRL.
 
     python benchmarks/vs_trl.py            # CPU-sized defaults (a few minutes)
@@ -56,16 +60,25 @@ SPECIAL_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>")
 # --- the task, shared verbatim by both frameworks ------------------------------------------------
 
 
+HABIT = 0.6
+"""Fraction of demonstrations that write the letter once instead of twice (the error RL fixes)."""
+
+
 def make_tasks(n: int, seed: int) -> list[dict]:
-    """``n`` reversal tasks: {"prompt": [user message], "target": reversed word}."""
+    """``n`` tasks: {"prompt": [user message], "target": the word's last letter twice}."""
     rng = random.Random(seed)
     tasks = []
     for _ in range(n):
         word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 6)))
         tasks.append(
-            {"prompt": [{"role": "user", "content": f"Reverse the letters: {word}"}], "target": word[::-1]}
+            {"prompt": [{"role": "user", "content": f"Last letter, twice: {word}"}], "target": word[-1] * 2}
         )
     return tasks
+
+
+def demonstration(task: dict, rng: random.Random) -> str:
+    """The demonstrator's answer: right, except that on ``HABIT`` of the tasks it writes one letter."""
+    return task["target"][:1] if rng.random() < HABIT else task["target"]
 
 
 def reward(response: str, target: str) -> float:
@@ -103,8 +116,9 @@ def warm_start(folder: Path, tasks: list[dict], epochs: int, seed: int) -> float
     model = AutoModelForCausalLM.from_pretrained(folder)
     eos = tokenizer.eos_token_id
     demos = []
+    rng = random.Random(seed)
     for i, task in enumerate(tasks):
-        response = [*tokenizer.encode(task["target"], add_special_tokens=False), eos]
+        response = [*tokenizer.encode(demonstration(task, rng), add_special_tokens=False), eos]
         step = Step(prompt_ids(tokenizer, task), response, logprobs=[0.0] * len(response), terminated=True)
         demos.append(Trajectory(str(i), (step,)))
     losses = train_sft(
@@ -115,24 +129,34 @@ def warm_start(folder: Path, tasks: list[dict], epochs: int, seed: int) -> float
 
 
 @torch.no_grad()
-def heldout_reward(model, tokenizer, tasks: list[dict], max_new_tokens: int) -> float:
-    """Greedy decoding of every held-out task (left-padded batch); mean reward."""
+def heldout_reward(model, tokenizer, tasks: list[dict], args) -> tuple[float, float]:
+    """Mean reward on the held-out tasks (one left-padded batch): greedy, and sampled at temperature 1
+    with ``args.eval_samples`` samples per task (seeded by ``args.seed``)."""
     model.eval()
     prompts = [prompt_ids(tokenizer, t) for t in tasks]
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
     ids_BT = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask_BT = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    out_BT = model.generate(
-        input_ids=ids_BT,
-        attention_mask=mask_BT,
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=pad,
-    )
-    texts = tokenizer.batch_decode(out_BT[:, width:], skip_special_tokens=True)
-    return statistics.mean(reward(text, t["target"]) for text, t in zip(texts, tasks, strict=True))
+
+    def mean_reward(samples: int, **decoding) -> float:
+        out_BT = model.generate(
+            input_ids=ids_BT,
+            attention_mask=mask_BT,
+            max_new_tokens=args.max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
+            num_return_sequences=samples,
+            **decoding,
+        )
+        texts = tokenizer.batch_decode(out_BT[:, width:], skip_special_tokens=True)
+        targets = [t["target"] for t in tasks for _ in range(samples)]  # generate groups a task's samples
+        return statistics.mean(reward(text, t) for text, t in zip(texts, targets, strict=True))
+
+    greedy = mean_reward(1, do_sample=False)
+    torch.manual_seed(args.seed)
+    sampled = mean_reward(args.eval_samples, do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
+    return greedy, sampled
 
 
 def load_model(folder: Path):
@@ -327,9 +351,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per iteration")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--sft-tasks", type=int, default=1000, help="warm-start demonstrations")
-    parser.add_argument("--sft-epochs", type=int, default=2)
-    parser.add_argument("--eval-tasks", type=int, default=128, help="held-out tasks (greedy)")
+    parser.add_argument("--sft-tasks", type=int, default=2000, help="warm-start demonstrations")
+    parser.add_argument("--sft-epochs", type=int, default=5)
+    parser.add_argument("--eval-tasks", type=int, default=128, help="held-out tasks")
+    parser.add_argument("--eval-samples", type=int, default=4, help="sampled held-out answers per task")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads",
@@ -353,6 +378,7 @@ def main() -> None:
     if args.quick:
         args.iterations, args.warmup, args.last, args.group_size, args.prompts = 3, 1, 2, 4, 2
         args.max_new_tokens, args.sft_tasks, args.sft_epochs, args.eval_tasks = 8, 64, 1, 16
+        args.eval_samples = 2
     if args.warmup >= args.iterations:
         parser.error("--warmup must be smaller than --iterations")
     torch.set_num_threads(args.threads)
@@ -369,8 +395,11 @@ def main() -> None:
         )
         check_same_prompts(folder, train_tasks[0])
         tokenizer = load_tokenizer(str(folder))
-        start_reward = heldout_reward(load_model(folder), tokenizer, heldout, args.max_new_tokens)
-        progress(f"warm start: SFT loss {sft_loss:.3f}, held-out reward {start_reward:.3f}")
+        start_greedy, start_sampled = heldout_reward(load_model(folder), tokenizer, heldout, args)
+        progress(
+            f"warm start: SFT loss {sft_loss:.3f}, held-out reward greedy {start_greedy:.3f}, "
+            f"sampled {start_sampled:.3f}"
+        )
 
         runs = {"agent-r1": lambda: run_agent_r1(folder, train_tasks, args, Path(tmp) / "ar1", [])}
         for i, variant in enumerate(args.variant):
@@ -386,9 +415,7 @@ def main() -> None:
             started = time.perf_counter()
             result = run()
             result["total"] = time.perf_counter() - started
-            result["heldout"] = heldout_reward(
-                result.pop("model"), result.pop("tokenizer"), heldout, args.max_new_tokens
-            )
+            result["heldout"] = heldout_reward(result.pop("model"), result.pop("tokenizer"), heldout, args)
             results[name] = result
 
     import transformers
@@ -403,8 +430,9 @@ def main() -> None:
         f"{versions}, threads {torch.get_num_threads()}"
     )
     print(
-        f"task: reverse 3-6 letters, SequenceMatcher reward; warm start: SFT {args.sft_tasks} demos x "
-        f"{args.sft_epochs} epochs (final loss {sft_loss:.3f}), held-out greedy reward {start_reward:.3f}"
+        f"task: last letter of 3-6 letters twice, SequenceMatcher reward; warm start: SFT {args.sft_tasks} "
+        f"demos ({HABIT:.0%} with one letter) x {args.sft_epochs} epochs (final loss {sft_loss:.3f}), "
+        f"held-out reward greedy {start_greedy:.3f}, sampled {start_sampled:.3f}"
     )
     print(
         f"setup: {args.prompts} prompts x {args.group_size} samples per iteration, max new tokens "
@@ -418,7 +446,7 @@ def main() -> None:
 
     header = (
         f"| {'framework':<44} | {'s/iter':>7} | {'x TRL':>6} | {'CPU s/iter':>10} | {'x TRL':>6} | "
-        f"{'total s':>7} | {'train reward':>12} | {'held-out reward':>15} |"
+        f"{'total s':>7} | {'train reward':>12} | {'held-out greedy':>15} | {'held-out sampled':>16} |"
     )
     print(header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
@@ -429,7 +457,7 @@ def main() -> None:
         train_reward = statistics.mean(r["rewards"][-args.last :])
         print(
             f"| {name:<44} | {wall:>7.3f} | {wall_ratio:>6} | {cpu:>10.3f} | {cpu_ratio:>6} | "
-            f"{r['total']:>7.1f} | {train_reward:>12.3f} | {r['heldout']:>15.3f} |"
+            f"{r['total']:>7.1f} | {train_reward:>12.3f} | {r['heldout'][0]:>15.3f} | {r['heldout'][1]:>16.3f} |"
         )
     for name, r in results.items():
         if "phases" in r:

@@ -58,6 +58,13 @@ def test_layout_quick():
         assert all(is_number(c) for c in table_row(out, label)[1:])
 
 
+def test_logprob_memory_quick():
+    out = run_script("logprob_memory.py", "--quick")
+    assert table_row(out, "(a) full logits")[2] == "1.00"
+    row = table_row(out, "(b) chunked head")
+    assert all(is_number(c) for c in row[1:]), row
+
+
 @pytest.mark.skipif(not (BENCHMARKS / "rollout.py").exists(), reason="benchmarks/rollout.py is not there yet")
 def test_rollout_quick():
     out = run_script("rollout.py", "--quick", "--no-vllm")
@@ -114,7 +121,7 @@ def test_run_all_runs_every_script_in_order(tmp_path):
     assert proc.returncode == 0, proc.stderr
     calls = [line.split() for line in log.read_text().splitlines() if not line.startswith("-c")]
     scripts = [Path(c[0]).name for c in calls]
-    expected = ["layout.py", "rollout.py", "vs_trl.py", "multiturn.py"]
+    expected = ["layout.py", "logprob_memory.py", "rollout.py", "vs_trl.py", "multiturn.py"]
     assert scripts == [s for s in expected if (BENCHMARKS / s).exists()], scripts
     assert all("--quick" in c for c in calls), calls
     assert "--skip-trl" in calls[scripts.index("vs_trl.py")]  # the stand-in has no trl

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import ModelConfig, TrainerConfig
+from agent_r1.train.lm_head import scored_logprobs
 
 __all__ = [
     "Learner",
@@ -44,6 +45,7 @@ __all__ = [
     "load_policy",
     "attention_implementation",
     "micro_batch_logprobs",
+    "full_logits_logprobs",
     "model_inputs",
     "lr_lambda",
 ]
@@ -60,7 +62,10 @@ def load_policy(config: ModelConfig, *, path: str | None = None):
     """Load the policy from ``config.path`` (or ``path``), apply LoRA and gradient checkpointing."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path or config.path, dtype=DTYPES[config.dtype])
+    from agent_r1.models.loading import model_not_found_as_error
+
+    with model_not_found_as_error(path or config.path, None if path else "model.path"):
+        model = AutoModelForCausalLM.from_pretrained(path or config.path, dtype=DTYPES[config.dtype])
     if config.lora.rank > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -123,12 +128,34 @@ def micro_batch_logprobs(
     model, micro_batch: MicroBatch, temperature: float, *, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (K,) of the micro-batch's scored tokens, and optionally the entropy (K,) of each
-    token's distribution, both under ``softmax(logits / temperature)`` in fp32."""
+    token's distribution, both under ``softmax(logits / temperature)`` in fp32. The LM head runs at
+    the scored positions only, in chunks (``agent_r1.train.lm_head``), where the model allows it."""
     device = next(model.parameters()).device
-    out = model(**model_inputs(model, micro_batch))
-    logits_KV = out.logits.flatten(0, 1)[micro_batch.logit_index_K.to(device)].float() / temperature
+    inputs = model_inputs(model, micro_batch)
+    logit_index_K = micro_batch.logit_index_K.to(device)
+    target_ids_K = micro_batch.target_ids_K.to(device)
+    scored = scored_logprobs(
+        model, inputs, logit_index_K, target_ids_K, temperature, with_entropy=with_entropy
+    )
+    if scored is not None:
+        return scored
+    return full_logits_logprobs(model, inputs, logit_index_K, target_ids_K, temperature, with_entropy)
+
+
+def full_logits_logprobs(
+    model,
+    inputs: dict[str, Tensor],
+    logit_index_K: Tensor,
+    target_ids_K: Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``micro_batch_logprobs`` from the logits of every position (models whose head or logits
+    ``agent_r1.train.lm_head`` cannot take over; the reference the chunked path is tested against)."""
+    out = model(**inputs)
+    logits_KV = out.logits.flatten(0, 1)[logit_index_K].float() / temperature
     logprobs_KV = torch.log_softmax(logits_KV, dim=-1)
-    logprobs_K = logprobs_KV.gather(-1, micro_batch.target_ids_K.to(device)[:, None])[:, 0]
+    logprobs_K = logprobs_KV.gather(-1, target_ids_K[:, None])[:, 0]
     entropy_K = None
     if with_entropy:
         entropy_K = -(logprobs_KV.exp() * logprobs_KV).sum(-1)

@@ -66,6 +66,8 @@ def test_splits_and_loader_errors(tmp_path: Path) -> None:
         load_problems(bad)
     with pytest.raises(ValueError, match="choose from fraction, all"):
         build_task(reward="most")
+    with pytest.raises(ValueError, match="isolation 'chroot' is unknown"):
+        build_task(isolation="chroot")  # the task's sandbox takes the isolation it is given
 
 
 def test_episode_with_the_python_tool(tiny_tokenizer) -> None:

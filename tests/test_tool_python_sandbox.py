@@ -2,17 +2,22 @@
 
 The namespace-only guarantees (no network, host files invisible, nothing written outside) are
 asserted where namespaces work and skipped with the reason where they do not; the rlimits/timeout
-guarantees are asserted in both modes.
+guarantees are asserted in both modes. The namespace sandbox is also run with interpreters installed
+in each way a user may have one (virtualenvs under /tmp and elsewhere, the system interpreter, a
+conda-style prefix). tests/test_tool_python_sandbox_hostile.py holds the hostile-code suite.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import logging
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,9 +31,10 @@ from agent_r1.tools.python_sandbox import (
     PythonSandbox,
     SandboxLimits,
     SandboxStatus,
+    _log_weaker_isolation_once,
     _prepare,
     _supervise,
-    namespaces_available,
+    namespaces_problem,
     python_tool,
 )
 
@@ -36,10 +42,21 @@ from agent_r1.tools.python_sandbox import (
 # stopped by the CPU limit, the output cap or (SHORT) a short wall clock.
 LIMITS = SandboxLimits(wall_timeout_s=30.0, cpu_time_s=3, memory_mb=512, max_processes=16)
 SHORT = dataclasses.replace(LIMITS, wall_timeout_s=3.0)
+NAMESPACES_PROBLEM = namespaces_problem()
 needs_namespaces = pytest.mark.skipif(
-    not namespaces_available(),
-    reason="Linux namespaces are not usable here: the sandbox runs in rlimits mode",
+    NAMESPACES_PROBLEM is not None, reason=f"the namespace sandbox does not work here: {NAMESPACES_PROBLEM}"
 )
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def rlimits_sandbox(limits: SandboxLimits) -> PythonSandbox:
+    """The rlimits mode, with an interpreter its unprivileged uid can run (as root, not one under /root)."""
+    python = str(SYSTEM_PYTHON) if os.geteuid() == 0 else sys.executable
+    try:
+        return PythonSandbox(limits, isolation="rlimits", python=python)
+    except (RuntimeError, ValueError) as e:
+        pytest.skip(f"the rlimits mode cannot run {python} here: {e}")
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +64,12 @@ def sandbox() -> PythonSandbox:
     return PythonSandbox(LIMITS)
 
 
-@pytest.fixture(scope="module", params=["auto", "rlimits"])
+@pytest.fixture(scope="module", params=["namespaces", "rlimits"])
 def any_sandbox(request: pytest.FixtureRequest) -> PythonSandbox:
     """Both modes, for the guarantees that do not depend on namespaces."""
-    return PythonSandbox(LIMITS, isolation=request.param)
+    if request.param == "rlimits":
+        return rlimits_sandbox(LIMITS)
+    return PythonSandbox(LIMITS)
 
 
 def test_runs_code_with_stdin_and_files(any_sandbox: PythonSandbox) -> None:
@@ -237,6 +256,128 @@ def test_unknown_isolation_is_rejected() -> None:
         PythonSandbox(isolation="docker")
 
 
+def test_there_is_no_auto_mode_that_could_pick_a_weaker_one() -> None:
+    with pytest.raises(ValueError, match="'auto' is unknown"):
+        PythonSandbox(isolation="auto")
+    assert PythonSandbox(LIMITS).isolation is Isolation.NAMESPACES  # the default is the strong mode
+
+
+def test_an_unusable_interpreter_is_refused_with_the_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'not a python' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    with pytest.raises(RuntimeError, match="cannot run code here.*exit 3.*not a python"):
+        PythonSandbox(LIMITS, python=str(broken))
+
+
+def test_the_weaker_mode_is_logged_once_and_recorded_in_each_result(caplog: pytest.LogCaptureFixture) -> None:
+    _log_weaker_isolation_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="agent_r1.tools.python_sandbox"):
+        first, second = rlimits_sandbox(LIMITS), rlimits_sandbox(LIMITS)
+    warnings = [r for r in caplog.records if "isolation='rlimits'" in r.getMessage()]
+    assert len(warnings) == 1
+    assert first.run("print(1)").isolation is Isolation.RLIMITS
+    assert second.run("print(1)").isolation is Isolation.RLIMITS
+
+
+# --- interpreters installed anywhere ----------------------------------------------------------------
+
+_SHOW_PREFIX = "import json, os, sys\nprint(json.dumps([sys.prefix, os.getuid(), sorted(os.listdir('.'))]))"
+
+
+def _make_venv(parent: Path) -> Path:
+    """A throwaway virtualenv (no pip) of this test run's base interpreter; returns its python."""
+    venv = parent / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return venv / "bin" / "python"
+
+
+@pytest.fixture(params=["under_tmp", "outside_tmp"])
+def venv_python(request: pytest.FixtureRequest, tmp_path: Path):
+    """A virtualenv under /tmp (pytest's tmp_path) and one outside it (/var/tmp or the home directory)."""
+    if request.param == "under_tmp":
+        yield _make_venv(tmp_path)
+        return
+    outside = next(p for p in (Path("/var/tmp"), Path.home()) if p.is_dir() and os.access(p, os.W_OK))
+    parent = Path(tempfile.mkdtemp(prefix="agent-r1-sandbox-venv-", dir=outside))
+    try:
+        assert not str(parent).startswith("/tmp/")
+        yield _make_venv(parent)
+    finally:
+        shutil.rmtree(parent)
+
+
+@needs_namespaces
+def test_a_virtualenv_anywhere_runs_in_namespaces(venv_python: Path) -> None:
+    result = PythonSandbox(LIMITS, python=str(venv_python)).run(_SHOW_PREFIX)
+    assert result.ok, result
+    prefix, uid, listing = json.loads(result.stdout)
+    assert prefix == str(venv_python.parent.parent)  # the virtualenv itself, not only its base
+    assert uid != 0 and listing == ["main.py"]
+    assert result.isolation is Isolation.NAMESPACES
+
+
+@needs_namespaces
+def test_the_library_run_from_a_virtualenv_anywhere_keeps_namespaces(venv_python: Path) -> None:
+    """The trainer itself runs in the throwaway virtualenv: the default sandbox is still namespaces."""
+    script = (
+        "import json\n"
+        "from agent_r1.tools.python_sandbox import PythonSandbox, SandboxLimits\n"
+        "result = PythonSandbox(SandboxLimits(wall_timeout_s=30)).run('import sys; print(sys.prefix)')\n"
+        "print(json.dumps([result.isolation.value, result.status.value, result.stdout, result.stderr]))\n"
+    )
+    run = subprocess.run(
+        [str(venv_python), "-c", script],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    isolation, status, stdout, stderr = json.loads(run.stdout)
+    assert (isolation, status) == ("namespaces", "ok"), stderr
+    assert stdout.strip() == str(venv_python.parent.parent)
+
+
+@needs_namespaces
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="no system interpreter at /usr/bin/python3")
+def test_the_system_interpreter_runs_in_namespaces() -> None:
+    result = PythonSandbox(LIMITS, python=str(SYSTEM_PYTHON)).run(_SHOW_PREFIX)
+    assert result.ok, result
+    assert json.loads(result.stdout)[0] == "/usr"
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system
+        shutil.copy2(source, target)
+
+
+@needs_namespaces
+@pytest.mark.skipif(
+    not Path("/usr/bin/python3.11").exists() or not Path("/usr/lib/python3.11/os.py").exists(),
+    reason="builds the conda-style prefix from a Debian-style /usr/bin/python3.11 + /usr/lib/python3.11",
+)
+def test_a_conda_style_prefix_under_tmp_runs_in_namespaces(tmp_path: Path) -> None:
+    """A self-contained prefix (bin/python3.11 + lib/python3.11) at a path nothing else mounts.
+
+    The interpreter finds its standard library relative to itself, as conda's does; it is built from
+    the system interpreter's files (hard links where possible), so only the prefix makes it work.
+    """
+    prefix = tmp_path / "conda-env"
+    (prefix / "bin").mkdir(parents=True)
+    shutil.copy2("/usr/bin/python3.11", prefix / "bin" / "python3.11")
+    shutil.copytree("/usr/lib/python3.11", prefix / "lib" / "python3.11", copy_function=_link_or_copy)
+    result = PythonSandbox(LIMITS, python=str(prefix / "bin" / "python3.11")).run(
+        _SHOW_PREFIX + "\nimport json as j, decimal\nprint(j.__file__)"
+    )
+    assert result.ok, result
+    first, second = result.stdout.splitlines()
+    assert json.loads(first)[0] == str(prefix)
+    assert second.startswith(str(prefix / "lib" / "python3.11"))
+
+
 def test_python_tool_returns_output_and_survives_hostile_calls(sandbox: PythonSandbox) -> None:
     tools = ToolSet([python_tool(sandbox)])
     calls = [
@@ -255,9 +396,6 @@ def test_python_tool_returns_output_and_survives_hostile_calls(sandbox: PythonSa
 
 def _world_traversable(path: Path) -> bool:
     return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
-
-
-SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 
 @pytest.mark.skipif(

@@ -168,12 +168,14 @@ def build_task(
     *,
     reward: str = "fraction",
     limits: SandboxLimits | None = None,
+    isolation: str = "namespaces",
     max_turns: int = 6,
 ) -> TaskSpec:
-    """Code problems from ``path`` with the python tool; test-case reward in a sandbox with ``limits``."""
+    """Code problems from ``path`` with the python tool; test-case reward in a sandbox with ``limits``
+    and ``isolation`` (``"rlimits"`` only where namespaces cannot be had: see docs/tool_library.md)."""
     if reward not in REWARDS:
         raise ValueError(f"code task reward {reward!r} is unknown; choose from {', '.join(REWARDS)}")
-    sandbox = PythonSandbox(limits or SandboxLimits(wall_timeout_s=10.0, cpu_time_s=5))
+    sandbox = PythonSandbox(limits or SandboxLimits(wall_timeout_s=10.0, cpu_time_s=5), isolation=isolation)
     return TaskSpec(
         name="code",
         make_dataset=functools.partial(make_dataset, path=path),

@@ -4,17 +4,21 @@ Run as ``python -I -S python_sandbox_launcher.py CONFIG.json`` by ``agent_r1.too
 imports nothing but the standard library. Two modes:
 
 - ``namespaces``: unshare new mount, network, PID, IPC and UTS namespaces (plus a user namespace when
-  not root), fork the PID namespace's init, and in it: mount a read-only tmpfs root holding only
-  read-only binds of the interpreter and system libraries, a size-limited tmpfs working directory
-  ``/sandbox`` with the input files, ``/dev/{null,zero,urandom,random}`` and a fresh ``/proc``;
-  ``pivot_root`` into it and detach the host tree; drop to an unprivileged uid (when root) so that no
-  capability survives; set rlimits and a parent-death signal; exec. When the init dies, the kernel
-  kills every process of the namespace, so nothing the code started survives it.
-- ``rlimits``: rlimits, a fresh working directory and a cleared environment only (the fallback where
-  namespaces are unavailable; see ``docs/tool_library.md`` for what that does not isolate).
+  not root), fork the PID namespace's init, and in it: mount a read-only tmpfs root holding a
+  size-limited tmpfs shown as the working directory ``/sandbox`` and as ``/tmp`` (one size limit for
+  both), ``/dev/{null,zero,urandom,random}``, a fresh ``/proc`` and, on top, read-only binds of the
+  interpreter's prefixes and the system libraries at their host paths (wherever they are, ``/tmp``
+  included); ``pivot_root`` into it and detach the host tree; drop to an unprivileged uid (when root)
+  so that no capability survives; set rlimits and a parent-death signal; exec. When the init dies,
+  the kernel kills every process of the namespace, so nothing the code started survives it.
+- ``rlimits``: the launcher becomes a child subreaper and runs the code as its child, as a dedicated
+  unprivileged uid when root (so that RLIMIT_NPROC holds and host processes cannot be signalled),
+  with rlimits, a fresh working directory and a cleared environment. When the code's process ends,
+  or on SIGTERM from the supervisor, every descendant is killed — orphans re-parent to the launcher,
+  so ``setsid`` does not hide them. See ``docs/tool_library.md`` for what this mode does not contain.
 
-The launcher itself stays outside as the parent of the namespace's init and exits with its status
-(``128 + signal`` when it was killed by a signal).
+The launcher itself stays outside as the parent of the namespace's init (or of the code) and exits
+with the code's status (``128 + signal`` when it was killed by a signal).
 """
 
 import contextlib
@@ -26,6 +30,7 @@ import resource
 import shutil
 import signal
 import sys
+import time
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -44,6 +49,7 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 
 NS_UID = 1000  # the uid the code sees inside a user namespace (non-root callers)
@@ -97,33 +103,53 @@ def _pivot_into(new_root: str) -> None:
 
 
 def _build_root(cfg: dict) -> None:
-    new_root = cfg["new_root"]
+    """The sandbox's own mounts first, then the read-only binds on top of them.
+
+    In this order a bind may land anywhere — under ``/tmp`` (a virtualenv in a temporary directory)
+    or ``/dev`` — because its mount point is created inside whatever is already mounted there.
+    """
+    new_root, scratch = cfg["new_root"], cfg["scratch"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-    for path in cfg["read_only"]:
-        if os.path.lexists(path):
-            _bind_read_only(path, new_root)
-    work = new_root + SANDBOX_DIR
-    os.makedirs(work)
-    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['workdir_bytes']},mode=755")
+    # One tmpfs behind both /sandbox and /tmp, so that workdir_bytes bounds what the code can write.
+    # It is mounted outside the new root and vanishes from view with the host tree after pivot_root.
+    _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['workdir_bytes']},mode=755")
+    work, tmp = scratch + "/sandbox", scratch + "/tmp"
+    os.mkdir(work)
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o1777)  # sticky: the code cannot rename the mount points created in it below
     for name in os.listdir(cfg["input_dir"]):
         shutil.copyfile(os.path.join(cfg["input_dir"], name), os.path.join(work, name))
-    if cfg["uid"] is not None:
-        for name in [".", *os.listdir(work)]:
-            os.chown(os.path.join(work, name), cfg["uid"], cfg["uid"])
-    os.makedirs(new_root + "/dev")
+    _chown_tree(work, cfg["uid"])
+    for source, target in ((work, SANDBOX_DIR), (tmp, "/tmp")):
+        os.mkdir(new_root + target)
+        _mount(source, new_root + target, None, MS_BIND)
+    os.mkdir(new_root + "/dev")
     for name in ("null", "zero", "random", "urandom"):
         open(f"{new_root}/dev/{name}", "a").close()
         _mount(f"/dev/{name}", f"{new_root}/dev/{name}", None, MS_BIND)
-    os.makedirs(new_root + "/tmp")
-    _mount(work, new_root + "/tmp", None, MS_BIND)
-    os.makedirs(new_root + "/proc")
-    with contextlib.suppress(
-        OSError
-    ):  # a fresh /proc shows only this PID namespace; some containers forbid it
+    os.mkdir(new_root + "/proc")
+    # A fresh /proc shows only this PID namespace; some containers forbid mounting it.
+    with contextlib.suppress(OSError):
         _mount("proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path in cfg["read_only"]:
+        if os.path.lexists(path):
+            _bind_read_only(path, new_root)
     _mount(None, new_root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     _pivot_into(new_root)
+
+
+def _chown_tree(directory: str, uid) -> None:
+    if uid is not None:
+        for name in [".", *os.listdir(directory)]:
+            os.chown(os.path.join(directory, name), uid, uid)
+
+
+def _drop_to(uid) -> None:
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
 
 
 def _set_rlimits(limits: dict) -> None:
@@ -147,10 +173,7 @@ def _namespace_init(cfg: dict) -> None:
     _build_root(cfg)
     os.dup2(stdin_fd, 0)
     os.close(stdin_fd)
-    if cfg["uid"] is not None:
-        os.setgroups([])
-        os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
-        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+    _drop_to(cfg["uid"])
     # After the uid change (which clears it): die with the launcher, so that killing the launcher's
     # process group from outside always takes the whole namespace down. Until here this process is
     # still in the launcher's process group, so an earlier kill reaches it directly.
@@ -169,6 +192,14 @@ def _exit_like(status: int) -> None:
     if os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status))
+
+
+class _Stop(Exception):
+    """SIGTERM from the supervisor (time or output limit reached): kill everything and exit."""
+
+
+def _stop(signum, frame) -> None:
+    raise _Stop
 
 
 def _run_in_namespaces(cfg: dict) -> None:
@@ -192,16 +223,91 @@ def _run_in_namespaces(cfg: dict) -> None:
         except BaseException as exc:
             os.write(2, f"sandbox setup failed: {exc}\n".encode())
         os._exit(EXIT_SETUP_FAILED)
-    _, status = os.waitpid(child, 0)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        _, status = os.waitpid(child, 0)
+    except _Stop:
+        # Kill the init and wait for it: the kernel reaps every other process of the namespace
+        # before its init is reaped, so when this returns nothing the code started is left.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.kill(child, signal.SIGKILL)
+        _, status = os.waitpid(child, 0)
     _exit_like(status)
 
 
 def _run_with_rlimits(cfg: dict) -> None:
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+    signal.signal(signal.SIGTERM, _stop)
     stdin_fd = os.open(cfg["stdin_path"], os.O_RDONLY)
-    os.dup2(stdin_fd, 0)
+    _chown_tree(cfg["input_dir"], cfg["uid"])
+    code_pid = os.fork()
+    if code_pid == 0:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.dup2(stdin_fd, 0)
+            os.close(stdin_fd)
+            os.chdir(cfg["input_dir"])
+            _drop_to(cfg["uid"])
+            _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+            _set_rlimits(cfg["rlimits"])
+            _exec_code(cfg, cfg["input_dir"])
+        except BaseException as exc:
+            os.write(2, f"sandbox setup failed: {exc}\n".encode())
+        os._exit(EXIT_SETUP_FAILED)
     os.close(stdin_fd)
-    _set_rlimits(cfg["rlimits"])
-    _exec_code(cfg, cfg["input_dir"])
+    status = None
+    try:
+        while status is None:  # reap orphans (we are their subreaper) until the code's process ends
+            pid, wait_status = os.waitpid(-1, 0)
+            if pid == code_pid:
+                status = wait_status
+    except _Stop:
+        status = signal.SIGKILL  # a wait status meaning "killed by SIGKILL"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _kill_descendants()
+    _exit_like(status)
+
+
+def _children_of(parent: int) -> list[int]:
+    """Live (non-zombie) processes whose parent is ``parent``, from /proc."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == parent and fields[0] != b"Z":
+            children.append(int(entry))
+    return children
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every descendant until none is left, reaping the ones that re-parent to us.
+
+    A process killed here cannot fork any more, and its orphans re-parent to this subreaper, so each
+    round leaves only processes forked since the last one; the loop ends when a round finds none.
+    """
+    me = os.getpid()
+    while True:
+        tree, frontier = [], [me]
+        while frontier:
+            children = [child for parent in frontier for child in _children_of(parent)]
+            tree += children
+            frontier = children
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                break
+        time.sleep(0.001)  # let the killed ones die and their orphans re-parent to us
 
 
 def main() -> None:

@@ -7,6 +7,10 @@ One step = one model response (Agent-R1, arXiv 2511.14460: the action is the who
    to ``max_tool_output_chars``); results and errors go back to the model as chat messages; the
    context policy builds the next prompt. A malformed call is never taken as the final answer.
    A response cut by ``max_tokens`` inside a call gets an extra error saying so.
+   A near miss — no call in the format's syntax, but plainly one in a spelling it does not accept
+   (``<TOOL_CALL>``, the call JSON in a code fence, ``action:`` in lower case; see the format's
+   ``near_miss``) — is, with ``near_miss="hint"`` (the default), one error that shows the correct form.
+   With ``near_miss="strict"`` it is the final answer, as the format's rules alone say.
 3. No tool activity: the response is the final answer. ``extract_answer(text)`` pulls the answer
    out (default: the whole text, stripped), ``outcome_reward(answer, task)`` scores it, and the
    episode terminates with ``StepResult.outcome_reward`` set. An answer of None scores 0.
@@ -16,17 +20,20 @@ The conversation keeps each response's raw text as the assistant message's ``con
 ``tool_calls`` field), so re-rendering reproduces exactly what the model wrote. Observations are
 token ids built by the context policy (``append`` by default, see ``agent_r1.envs.context``).
 
-``Step.info`` keys: ``turn``; ``tool_calls`` ([{"name", "arguments"}]), ``tool_results`` ([str], what
-the model reads, per call), ``tool_errors`` ([str]: malformed calls, then the contents of calls that
-failed); ``context`` (the policy's report); on the final answer ``answer`` and ``success``
-(``outcome_reward >= success_threshold``); ``truncated`` (and ``success`` False) when ``max_turns``
-ends the episode.
+``Step.info`` keys: ``turn``; ``tool_counts`` on every step (``{"calls", "parse_errors", "tool_errors",
+"near_misses"}``: well-formed calls, malformed calls, calls whose result is an error, and 1 when the
+response is a near miss — in either mode — else 0; ``tool_count_metrics`` averages them);
+``near_miss`` (the message) when there is one; ``tool_calls`` ([{"name", "arguments"}]),
+``tool_results`` ([str], what the model reads, per call), ``tool_errors`` ([str]: malformed calls or the
+near-miss message, then the contents of calls that failed); ``context`` (the policy's report); on the
+final answer ``answer`` and ``success`` (``outcome_reward >= success_threshold``); ``truncated`` (and
+``success`` False) when ``max_turns`` ends the episode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
@@ -40,14 +47,26 @@ from agent_r1.envs.context import (
 )
 from agent_r1.models.loading import require_chat_template
 from agent_r1.tools import ParsedResponse, Tool, ToolCallFormat, ToolResult, ToolSet, get_format
-from agent_r1.types import Action, Message, Observation, StepResult, StopReason, Task
+from agent_r1.types import Action, Message, Observation, Step, StepResult, StopReason, Task
 
-__all__ = ["ToolEnv", "exact_match"]
+__all__ = ["NEAR_MISS_MODES", "TOOL_COUNTS", "ToolEnv", "exact_match", "tool_count_metrics"]
 
 OutcomeReward = Callable[[str, Task], float]
 StepReward = Callable[[ParsedResponse, Sequence[ToolResult], Task], float]
 
 CUT_OFF_ERROR = "the response was cut off at the token limit before the tool call was complete"
+NEAR_MISS_MODES = ("hint", "strict")
+TOOL_COUNTS = ("calls", "parse_errors", "tool_errors", "near_misses")
+"""The keys of ``Step.info["tool_counts"]``."""
+
+
+def tool_count_metrics(steps: Iterable[Step]) -> dict[str, float]:
+    """``tools/<count>_per_step``: the mean of each ``info["tool_counts"]`` entry over the steps that
+    report them (ToolEnv's); no keys when none does, so envs without tools add no empty charts."""
+    counts = [s.info["tool_counts"] for s in steps if "tool_counts" in s.info]
+    if not counts:
+        return {}
+    return {f"tools/{key}_per_step": sum(c[key] for c in counts) / len(counts) for key in TOOL_COUNTS}
 
 
 def exact_match(answer: str, task: Task) -> float:
@@ -75,6 +94,10 @@ class ToolEnv(AgentEnv):
         system_prompt: a system message to open the conversation with, unless the task brings one.
         prompt_key: the task field holding the prompt (a string or a list of chat messages).
         success_threshold: ``info["success"]`` is ``outcome_reward >= success_threshold``.
+        near_miss: ``"hint"`` (default): a response that is plainly a call in a spelling the format does
+            not accept gets an error observation showing the correct form, so a model learning the
+            format is told; ``"strict"``: it is the final answer (the format's rules alone). Counted
+            in ``info["tool_counts"]`` in both modes.
     """
 
     def __init__(
@@ -93,10 +116,13 @@ class ToolEnv(AgentEnv):
         system_prompt: str | None = None,
         prompt_key: str = "prompt",
         success_threshold: float = 1.0,
+        near_miss: Literal["hint", "strict"] = "hint",
     ) -> None:
         require_chat_template(tokenizer)
         if max_turns < 1:
             raise ValueError(f"ToolEnv: max_turns must be >= 1, got {max_turns}")
+        if near_miss not in NEAR_MISS_MODES:
+            raise ValueError(f"ToolEnv: near_miss must be one of {NEAR_MISS_MODES}, got {near_miss!r}")
         self.tokenizer = tokenizer
         self.tools = tools if isinstance(tools, ToolSet) else ToolSet(tools)
         self.format = get_format(format) if isinstance(format, str) else format
@@ -114,6 +140,7 @@ class ToolEnv(AgentEnv):
         self.system_prompt = system_prompt
         self.prompt_key = prompt_key
         self.success_threshold = success_threshold
+        self.near_miss = near_miss
         self._task: Task | None = None
         self._messages: tuple[Message, ...] = ()
         self._prompt_ids: tuple[int, ...] = ()
@@ -165,7 +192,20 @@ class ToolEnv(AgentEnv):
         self._turn += 1
         content = self._content(action)
         parsed = self.format.parse(content)
-        info: dict[str, Any] = {"turn": self._turn}
+        near_miss = self.format.near_miss(content) if parsed.is_final else None
+        info: dict[str, Any] = {
+            "turn": self._turn,
+            "tool_counts": {
+                "calls": len(parsed.calls),
+                "parse_errors": len(parsed.errors),
+                "tool_errors": 0,
+                "near_misses": int(near_miss is not None),
+            },
+        }
+        if near_miss is not None:
+            info["near_miss"] = near_miss
+            if self.near_miss == "hint":
+                parsed = ParsedResponse(parsed.content, (), (near_miss,))
         assistant = {"role": "assistant", "content": content}
 
         if parsed.is_final:
@@ -185,6 +225,7 @@ class ToolEnv(AgentEnv):
         if action.finish_reason is StopReason.LENGTH and parsed.errors:
             errors.append(CUT_OFF_ERROR)
         results = await self.tools.execute(parsed.calls, self.max_tool_output_chars)
+        info["tool_counts"]["tool_errors"] = sum(r.is_error for r in results)
         info.update(
             tool_calls=[{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
             tool_results=[r.content for r in results],

@@ -28,6 +28,7 @@ CHART_ORDER: dict[str, str] = {
     "entropy": "Entropy",
     "response_length": "Response length (tokens)",
     "steps_per_trajectory": "Steps per trajectory",
+    "tools": "Tool calls, errors and near misses per step",
     "throughput": "Throughput",
     "time": "Time per phase (s)",
     "loss": "Loss",

@@ -300,6 +300,10 @@ def _step_view(index: int, step: Step, previous: Step | None) -> dict[str, Any]:
         "tool_calls": _jsonable(info.get("tool_calls") or []),
         "tool_results": _jsonable(info.get("tool_results") or []),
         "tool_errors": _jsonable(info.get("tool_errors") or []),
+        # ToolEnv's per-step counts ({"calls", "parse_errors", "tool_errors", "near_misses"}), and the
+        # near-miss message, which the model read only if it is also among tool_errors ("hint" mode).
+        "tool_counts": _jsonable(info["tool_counts"]) if isinstance(info.get("tool_counts"), dict) else None,
+        "near_miss": info["near_miss"] if isinstance(info.get("near_miss"), str) else None,
         "timings": _jsonable(step.timings),
     }
 

@@ -3,7 +3,9 @@
 A ``ToolCallFormat`` parses one response into the text outside the call markup, the well-formed calls
 and one readable error per malformed call. A malformed call is never silently "no tool call" (which
 an environment would take for the final answer): the error goes back to the model as an observation
-so it can fix the call. ``parse`` never raises, on any string.
+so it can fix the call. ``parse`` never raises, on any string. ``near_miss`` recognises, in a response
+that ``parse`` reads as final, a call the model plainly meant but misspelt (``<TOOL_CALL>``, the call
+JSON in a code fence, ``action:`` in lower case), and returns a message that shows the correct form.
 
 Registered formats (select by name with ``get_format``):
 
@@ -74,6 +76,12 @@ class ToolCallFormat(ABC):
 
     def system_prompt(self, tool_schemas: list[dict]) -> str | None:
         """Text for the system message when the chat template does not render tools; else None."""
+        return None
+
+    def near_miss(self, text: str) -> str | None:
+        """For a response that ``parse`` reads as final: an error message when it holds what is plainly
+        a tool call in a spelling this format does not accept (ending with the correct form), else None.
+        Never raises. The default recognises nothing."""
         return None
 
 
@@ -185,10 +193,104 @@ def _error_content(message: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Near misses: a call the model plainly meant, in a spelling the format does not accept
+# ---------------------------------------------------------------------------------------------------
+
+# Every call spelling holds a "name" or an "action" key; text without one is skipped at regex cost.
+_CALL_KEY_RE = re.compile(r'"(?:name|action)"\s*:')
+_JSON_OPEN_RE = re.compile(r"[\[{]")
+_FENCE_LINE_RE = re.compile(r"^[ \t]*```", re.MULTILINE)
+# Each "{" or "[" outside the values already decoded is decoded from there; on adversarial text
+# (thousands of unclosed brackets) that is quadratic, so only the first ones are tried: a model's
+# calls are among them.
+_MAX_JSON_CANDIDATES = 64
+_SHOWN_CALL_CHARS = 300
+
+
+@dataclass(frozen=True)
+class _JsonCalls:
+    """Tool calls found written as plain JSON: ``(name, arguments)`` each, and where they were."""
+
+    calls: tuple[tuple[str, Any], ...]
+    in_fence: bool  # inside a ``` code fence
+    at_start: bool  # the JSON opens the response (nothing but whitespace before it)
+
+
+def _as_call(value: Any) -> tuple[str, Any] | None:
+    """``(name, arguments)`` when ``value`` has exactly the keys of a call in a common spelling:
+    ``{"name", "arguments" | "parameters"}``, OpenAI's ``{"type": "function", "function": {...}}`` or
+    LangChain's ``{"action", "action_input"}`` (but not its "Final Answer" action), each optionally
+    with an "id". JSON with any other key (a record, a schema) is not a call."""
+    if not isinstance(value, dict):
+        return None
+    keys = set(value) - {"id"}
+    if keys == {"type", "function"} and value["type"] == "function":
+        return _as_call(value["function"])
+    if keys == {"action", "action_input"}:
+        name, arguments = value["action"], value["action_input"]
+        if isinstance(name, str) and name.strip().lower() == "final answer":
+            return None
+    elif keys == {"name", "arguments"} or keys == {"name", "parameters"}:
+        name, arguments = value["name"], value.get("arguments", value.get("parameters"))
+    else:
+        return None
+    if not isinstance(name, str) or not name.strip() or not isinstance(arguments, dict | str):
+        return None
+    if isinstance(arguments, str):
+        decoded, error = _loads(arguments)
+        if error is None and isinstance(decoded, dict):
+            arguments = decoded
+    return name.strip(), arguments
+
+
+def _find_json_calls(text: str) -> _JsonCalls | None:
+    """The calls in ``text`` written as JSON values that are a call or a non-empty list of calls (see
+    ``_as_call``), and where the first one was. Values are decoded from the left, so a call-shaped
+    object inside other JSON is data, not a call."""
+    if not _CALL_KEY_RE.search(text):
+        return None
+    decoder = json.JSONDecoder()
+    skip_to = 0  # the end of the last JSON value decoded: what is inside it is part of that value
+    tried = 0
+    found: list[tuple[str, Any]] = []
+    first = 0
+    for match in _JSON_OPEN_RE.finditer(text):
+        start = match.start()
+        if start < skip_to:
+            continue
+        if tried == _MAX_JSON_CANDIDATES:
+            break
+        tried += 1
+        try:
+            value, skip_to = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            continue
+        items = value if isinstance(value, list) else [value]
+        calls = tuple(call for call in map(_as_call, items) if call is not None)
+        if calls and len(calls) == len(items):
+            if not found:
+                first = start
+            found += calls
+    if not found:
+        return None
+    return _JsonCalls(
+        calls=tuple(found),
+        in_fence=len(_FENCE_LINE_RE.findall(text, 0, first)) % 2 == 1,
+        at_start=not text[:first].strip(),
+    )
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= _SHOWN_CALL_CHARS else text[: _SHOWN_CALL_CHARS - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------
 # Hermes / Qwen
 # ---------------------------------------------------------------------------------------------------
 
 _HERMES_TAG_RE = re.compile(r"</?tool_call>")
+# What a model writes when it means <tool_call>: other case, spaces, a dash, no separator, a plural.
+_HERMES_TAG_VARIANT_RE = re.compile(r"<\s*/?\s*tool[ \t_-]?calls?\s*>", re.IGNORECASE)
 
 
 @register_format
@@ -251,6 +353,36 @@ class HermesFormat(ToolCallFormat):
             content.append(text[cursor:])
         return ParsedResponse("".join(content).strip(), tuple(calls), tuple(errors))
 
+    def near_miss(self, text: str) -> str | None:
+        """A ``<tool_call>`` tag in another case or spacing (``<TOOL_CALL>``, ``<tool-call>``,
+        ``<tool_call >``, ...), or a call written as JSON without the tags (bare or in a code fence)."""
+        tag = next(
+            (
+                t
+                for t in _HERMES_TAG_VARIANT_RE.finditer(text)
+                if t.group() not in ("<tool_call>", "</tool_call>")
+            ),
+            None,
+        )
+        found = _find_json_calls(text)
+        if tag is not None:
+            message = (
+                f"{tag.group()} at character {tag.start()} is not a tool-call tag: the tags are exactly "
+                "<tool_call> and </tool_call>."
+            )
+        elif found is not None:
+            where = " in a ``` code fence" if found.in_fence else ""
+            message = f"a tool call written as JSON{where} without <tool_call> tags is not a call."
+        else:
+            return None
+        if found is not None:
+            correct = "".join(
+                f"<tool_call>{json.dumps({'name': n, 'arguments': a}, ensure_ascii=False)}</tool_call>"
+                for n, a in found.calls
+            )
+            message += f" Correctly written: {_shorten(correct)}"
+        return f"{message} {self.HINT}"
+
     def observation_messages(self, results: Sequence[ToolResult], errors: Sequence[str]) -> list[dict]:
         messages: list[dict] = [
             {"role": "tool", "name": r.call.name, "tool_call_id": r.call.id, "content": r.content}
@@ -265,6 +397,13 @@ class HermesFormat(ToolCallFormat):
 # ---------------------------------------------------------------------------------------------------
 
 _REACT_LINE_RE = re.compile(r"^[ \t]*(Action Input|Action|Observation)[ \t]*:[ \t]*(.*)$", re.MULTILINE)
+# An "Action:" / "Action Input:" line as models misspell it: any case, "_" or "-" in "Action Input",
+# markdown decoration (a bullet, a heading, **bold**, `code`).
+_REACT_VARIANT_RE = re.compile(
+    r"^[ \t]*(?:[-*>#]+[ \t]+)?[*_`]*(?P<keyword>action(?:[ \t_-]*input)?)[*_`]*[ \t]*:[*_`]*[ \t]*(?P<rest>.*)$",
+    re.IGNORECASE | re.MULTILINE,
+)
+_DECORATION = " \t*_`"
 
 
 @register_format
@@ -347,6 +486,44 @@ class ReActFormat(ToolCallFormat):
             errors.append(missing_input(*pending))
         content.append(text[cursor:])
         return ParsedResponse("".join(content).strip(), tuple(calls), tuple(errors))
+
+    def near_miss(self, text: str) -> str | None:
+        """An "Action:" line directly followed by an "Action Input:" line, either misspelt (``action:``,
+        ``ACTION:``, ``Action_Input:``, ``**Action:**``, ...); or a call written as JSON (as
+        ``{"name", "arguments"}``, or as LangChain's ``{"action", "action_input"}`` blob)."""
+        lines = list(_REACT_VARIANT_RE.finditer(text))
+        for action, action_input in zip(lines, lines[1:], strict=False):
+            name = action.group("rest").strip(_DECORATION)
+            if (
+                "input" in action.group("keyword").lower()
+                or "input" not in action_input.group("keyword").lower()
+                or not name
+                or text[action.end() : action_input.start()].strip()
+            ):
+                continue
+            try:
+                arguments, _ = json.JSONDecoder().raw_decode(text, action_input.start("rest"))
+                shown = json.dumps(arguments, ensure_ascii=False)
+            except (ValueError, RecursionError):
+                shown = action_input.group("rest").strip(_DECORATION)
+            line = text.count("\n", 0, action.start()) + 1
+            correct = _shorten(f"Action: {name}\nAction Input: {shown}")
+            return (
+                f"{action.group().strip()!r} and {action_input.group().strip()[:40]!r} (line {line}) are not "
+                'an action: the keywords are exactly "Action:" and "Action Input:", capitalised so, at the '
+                f"start of a line. Correctly written:\n{correct}\n{self.HINT}"
+            )
+        found = _find_json_calls(text)
+        if found is None:
+            return None
+        where = " in a ``` code fence" if found.in_fence else ""
+        correct = "\n".join(
+            f"Action: {n}\nAction Input: {json.dumps(a, ensure_ascii=False)}" for n, a in found.calls
+        )
+        return (
+            f"a tool call written as JSON{where} is not an action. Correctly written:\n{_shorten(correct)}\n"
+            f"{self.HINT}"
+        )
 
     def observation_messages(self, results: Sequence[ToolResult], errors: Sequence[str]) -> list[dict]:
         blocks = [f"Observation: {r.content}" for r in results]
@@ -435,6 +612,26 @@ class Llama3JsonFormat(ToolCallFormat):
             rest = rest[1:].lstrip()
             position = len(body) - len(rest)
         return ParsedResponse("", tuple(calls), tuple(errors))
+
+    def near_miss(self, text: str) -> str | None:
+        """A call written as JSON where this format does not read it: as a JSON list of calls, in a
+        code fence, or after other text."""
+        found = _find_json_calls(text)
+        if found is None:
+            return None
+        if found.in_fence:
+            problem = "in a ``` code fence"
+        elif not found.at_start:
+            problem = "after other text"
+        else:  # at the start and still final: only a list, since parse reads a leading "{" as calls
+            problem = "as a JSON list"
+        correct = "; ".join(
+            json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in found.calls
+        )
+        return (
+            f"tool-call JSON written {problem} is not a call: the response must be the call alone (several "
+            f'separated by ";", without brackets). Correctly written: {_shorten(correct)} {self.HINT}'
+        )
 
     def observation_messages(self, results: Sequence[ToolResult], errors: Sequence[str]) -> list[dict]:
         messages: list[dict] = [

@@ -227,7 +227,20 @@
     });
     step.tool_results.slice(step.tool_calls.length).forEach((r) => parts.push(el("pre", { class: "box tool-out", text: String(r) })));
     step.tool_errors.forEach((e) => parts.push(el("pre", { class: "box tool-err", text: String(e) })));
+    // In "strict" mode the near miss was taken as the final answer and never shown to the model.
+    if (step.near_miss && !step.tool_errors.includes(step.near_miss)) {
+      parts.push(el("div", { class: "label", text: "near miss, taken as the final answer (near_miss: strict)" }),
+        el("pre", { class: "box tool-err near-miss", text: step.near_miss }));
+    }
     return parts.length ? el("div", { class: "tools" }, el("div", { class: "label", text: "Tool calls and outputs" }), parts) : null;
+  }
+
+  function toolCounts(step) {
+    const c = step.tool_counts;
+    if (!c) return null;
+    const text = [plural(c.calls, "tool call"), plural(c.parse_errors, "parse error"), plural(c.tool_errors, "tool error")];
+    return el("span", { class: "tool-counts" }, text.join(" · "),
+      c.near_misses ? el("span", { class: "badge near-miss", text: "near miss" }) : null);
   }
 
   function renderStep(t, step, i) {
@@ -237,6 +250,7 @@
       el("span", {}, "advantage ", step.advantage === null ? "–" : signed(step.advantage)),
       el("span", { text: `${step.response_tokens} tokens` }),
       el("span", { text: `stop: ${step.stop_reason}` }),
+      toolCounts(step),
       step.terminated ? el("span", { class: "badge", text: "terminated" }) : null,
       step.truncated ? el("span", { class: "badge truncated", text: "truncated" }) : null,
       el("span", { text: `policy v${step.policy_version}` }),

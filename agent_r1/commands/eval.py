@@ -1,4 +1,7 @@
-"""``agent-r1 eval CONFIG [key=value ...] [--checkpoint DIR]``: mean reward and success on data.val."""
+"""``agent-r1 eval CONFIG [key=value ...] [--checkpoint DIR]``: mean reward and success on data.val.
+
+Exit codes: 0 evaluated; 2 a configuration or data error; 3 too many evaluation trajectories ended
+in ERROR (``trainer.max_error_fraction``)."""
 
 from __future__ import annotations
 
@@ -20,8 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent_r1.models.loading import NoChatTemplateError
+    from agent_r1.train.checkpoint import CheckpointError
     from agent_r1.train.config import ConfigError, load_config
     from agent_r1.train.data import DataError
+    from agent_r1.train.health import TrainingHalted
 
     try:
         config = load_config(args.config, list(args.overrides))
@@ -35,8 +41,11 @@ def run(args: argparse.Namespace) -> int:
             model = load_policy(config.model)
             load_checkpoint(args.checkpoint, model)
         metrics = evaluate(config, model=model)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileNotFoundError, NoChatTemplateError, CheckpointError) as e:
         print(f"agent-r1 eval: {e}")
         return 2
+    except TrainingHalted as e:
+        print(f"agent-r1 eval: stopped: {e}")
+        return 3
     print(json.dumps(metrics))
     return 0

@@ -1,4 +1,8 @@
-"""``agent-r1 train CONFIG [key=value ...] [--resume]``: RL-train a policy from a YAML config."""
+"""``agent-r1 train CONFIG [key=value ...] [--resume]``: RL-train a policy from a YAML config.
+
+Exit codes: 0 trained; 2 a configuration, data, model or checkpoint error, or a refused resume (no
+checkpoint, or a changed config: see ``agent_r1.train.resume``); 3 stopped by the error budget
+(``trainer.max_error_fraction``: too many trajectories of a step ended in ERROR)."""
 
 from __future__ import annotations
 
@@ -15,10 +19,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="key=value",
         help="dotted overrides, e.g. trainer.steps=50 algorithm.kl_coef=0.01",
     )
-    parser.add_argument(
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument(
         "--resume",
+        action="store_const",
+        const=True,
+        default=False,
+        help="continue from the newest checkpoint in trainer.run_dir that verifies (exact data order, "
+        "RNG, step); refused when there is none or when the config differs from RUN_DIR/config.yaml",
+    )
+    resume.add_argument(
+        "--resume-or-start",
+        dest="resume",
+        action="store_const",
+        const="auto",
+        help="like --resume, but start a fresh run when trainer.run_dir holds no checkpoint",
+    )
+    parser.add_argument(
+        "--allow-config-change",
         action="store_true",
-        help="continue from the newest checkpoint in trainer.run_dir (exact data order, RNG, step)",
+        help="resume even though the config differs from the run's config.yaml (which is then kept as "
+        "config.prev-N.yaml)",
     )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress bar (same as logging.progress=false)"
@@ -26,8 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent_r1.models.loading import NoChatTemplateError
+    from agent_r1.train.checkpoint import CheckpointError
     from agent_r1.train.config import ConfigError, load_config
     from agent_r1.train.data import DataError
+    from agent_r1.train.health import TrainingHalted
+    from agent_r1.train.resume import ResumeError
 
     overrides = list(args.overrides) + (["logging.progress=false"] if args.quiet else [])
     try:
@@ -37,11 +62,22 @@ def run(args: argparse.Namespace) -> int:
         else:
             from agent_r1.train.trainer import Trainer
 
-        trainer = Trainer(config, resume=args.resume)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+        trainer = Trainer(config, resume=args.resume, allow_config_change=args.allow_config_change)
+    except (
+        ConfigError,
+        DataError,
+        FileNotFoundError,
+        NoChatTemplateError,
+        ResumeError,
+        CheckpointError,
+    ) as e:
         print(f"agent-r1 train: {e}")
         return 2
-    metrics = trainer.fit()
+    try:
+        metrics = trainer.fit()
+    except TrainingHalted as e:
+        print(f"agent-r1 train: stopped: {e}")
+        return 3
     summary = {
         k: metrics[k] for k in ("reward/mean", "success/mean", "eval/reward", "eval/success") if k in metrics
     }

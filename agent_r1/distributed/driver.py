@@ -1,8 +1,8 @@
 """The Ray driver: the single-process trainer's phases, with rollout on actors and updates on a group.
 
 ``RayTrainer`` subclasses ``agent_r1.train.trainer.Trainer`` and keeps its loop and phases (``fit``,
-``train_step``, score, filter, prepare, advantages, update, dumps, metrics) unchanged. It replaces
-what the phases run on:
+``train_step``, score, filter, prepare, advantages, update, dumps, metrics, the error budget)
+unchanged. It replaces what the phases run on:
 
 - **rollout** goes to a ``RolloutPool`` of ``distributed.num_rollout_actors`` engine actors;
 - **log-probs and updates** go to a ``LearnerGroup`` of ``distributed.num_learner_workers``
@@ -39,8 +39,9 @@ import ray
 from agent_r1.distributed.learner_group import LearnerGroup
 from agent_r1.distributed.parts import TrainerParts, load_driver_tokenizer
 from agent_r1.distributed.rollout_actor import RolloutJob, RolloutPool
-from agent_r1.train.checkpoint import latest_checkpoint, rng_state, set_rng_state
+from agent_r1.train.checkpoint import rng_state, set_rng_state
 from agent_r1.train.config import ConfigError, TrainConfig
+from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.trainer import (
     CRITIC_ESTIMATORS,
     RewardFn,
@@ -66,7 +67,7 @@ class RayTrainer(Trainer):
 
     Args:
         config: the configuration tree.
-        train_tasks / val_tasks / reward_fn / resume: as for ``Trainer``.
+        train_tasks / val_tasks / reward_fn / resume / allow_config_change: as for ``Trainer``.
         runtime_env: Ray runtime environment of the actors (e.g. ``{"env_vars": {"PYTHONPATH": ...}}``
             so they can import a custom environment's module).
 
@@ -81,7 +82,8 @@ class RayTrainer(Trainer):
         train_tasks: Any = None,
         val_tasks: Any = None,
         reward_fn: RewardFn | None = None,
-        resume: bool = False,
+        resume: ResumeMode = False,
+        allow_config_change: bool = False,
         runtime_env: dict | None = None,
     ) -> None:
         # Trainer.__init__ builds a model, an engine and a Learner in this process; the driver needs
@@ -92,6 +94,7 @@ class RayTrainer(Trainer):
             )
         config = absolute_paths(config)
         self.config = config
+        self.resume_from = resume_checkpoint(config, resume, allow_config_change=allow_config_change)
         self.tokenizer = load_driver_tokenizer(config)
         self.train_tasks = None
         if train_tasks is not None or config.data.train:
@@ -197,11 +200,13 @@ class RayTrainer(Trainer):
         base = f"{self.config.trainer.seed}:eval:{self.step}"
         job = self.rollouts.submit(self.val_tasks, self.config.rollout.eval_n, base, evaluation=True)
         groups = self.rollouts.collect(job)
+        self.check_health(groups, self.step, evaluation=True)
         if self.reward_fn is not None:
             groups = self.score(groups, self.val_tasks)
         trajectories = [t for g in groups for t in g.trajectories]
         ok = [t.status is not TrajectoryStatus.ERROR for t in trajectories]
         return {
+            "eval/error_fraction": _mean([float(not k) for k in ok]),
             "eval/reward": _mean(
                 [t.total_reward if k else 0.0 for t, k in zip(trajectories, ok, strict=True)]
             ),
@@ -218,7 +223,7 @@ class RayTrainer(Trainer):
         return Path(self.learner.save_checkpoint(str(self.run_dir.checkpoints), step, state))
 
     def _restore(self) -> int:
-        checkpoint = latest_checkpoint(Path(self.config.trainer.run_dir) / "checkpoints")
+        checkpoint = self.resume_from
         if checkpoint is None:
             return 0
         trainer_state = self.learner.load_checkpoint(str(checkpoint))

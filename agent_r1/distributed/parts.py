@@ -22,7 +22,10 @@ def load_driver_tokenizer(config: TrainConfig):
 
     if not (config.model.tokenizer or config.model.path):
         raise ConfigError("model.path", "no model given: set model.path")
-    return load_tokenizer(config.model.tokenizer or config.model.path)
+    return load_tokenizer(
+        config.model.tokenizer or config.model.path,
+        key="model.tokenizer" if config.model.tokenizer else "model.path",
+    )
 
 
 class TrainerParts:

@@ -3,19 +3,60 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-__all__ = ["load_tokenizer", "require_chat_template"]
+__all__ = [
+    "ModelNotFoundError",
+    "NoChatTemplateError",
+    "load_tokenizer",
+    "model_not_found_as_error",
+    "require_chat_template",
+]
 
 
-def load_tokenizer(name_or_path: str | Path, *, require_template: bool = True) -> PreTrainedTokenizerBase:
+class ModelNotFoundError(FileNotFoundError):
+    """A model name or path that is neither a local folder nor loadable from the Hugging Face Hub."""
+
+
+class NoChatTemplateError(ValueError):
+    """A tokenizer without the chat template that agent-r1 renders conversations with."""
+
+
+def _named(name_or_path: str | Path, key: str | None) -> str:
+    return f"{key} = {str(name_or_path)!r}" if key else repr(str(name_or_path))
+
+
+@contextmanager
+def model_not_found_as_error(name_or_path: str | Path, key: str | None = None) -> Iterator[None]:
+    """Turn the hub client's error for a missing model (``OSError: Repo id must be in the form ...``
+    for a path that does not exist, a connection error offline) into one ``ModelNotFoundError`` naming
+    the config ``key`` and the value. Errors about a local folder that does exist pass unchanged."""
+    try:
+        yield
+    except OSError as error:
+        if Path(name_or_path).exists():
+            raise
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelNotFoundError(
+            f"{_named(name_or_path, key)} is not a local folder, and no model of that name could be "
+            "loaded from the Hugging Face Hub or its local cache (without network access a hub model "
+            f"must be downloaded beforehand; or give the path of a local folder). Hub: {reason}"
+        ) from None
+
+
+def load_tokenizer(
+    name_or_path: str | Path, *, require_template: bool = True, key: str | None = None
+) -> PreTrainedTokenizerBase:
     """Load a tokenizer; honour a saved ``PreTrainedTokenizerFast`` class exactly.
 
     ``AutoTokenizer`` picks the tokenizer class from ``config.json``'s model type when one is present,
     which silently swaps a custom tokenizer saved next to a Qwen2 model for Qwen's own pre-tokeniser.
     A folder whose ``tokenizer_config.json`` names ``PreTrainedTokenizerFast`` is loaded as exactly that.
+    ``key`` (e.g. ``"model.path"``) names the config key the value came from in error messages.
     """
     path = Path(name_or_path)
     config_file = path / "tokenizer_config.json"
@@ -26,9 +67,10 @@ def load_tokenizer(name_or_path: str | Path, *, require_template: bool = True) -
         else:
             tokenizer = AutoTokenizer.from_pretrained(path)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        with model_not_found_as_error(name_or_path, key):
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if require_template:
-        require_chat_template(tokenizer, str(name_or_path))
+        require_chat_template(tokenizer, _named(name_or_path, key))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -36,7 +78,7 @@ def load_tokenizer(name_or_path: str | Path, *, require_template: bool = True) -
 
 def require_chat_template(tokenizer: PreTrainedTokenizerBase, where: str = "the tokenizer") -> None:
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
+        raise NoChatTemplateError(
             f"{where} has no chat template: agent-r1 renders conversations with the tokenizer's chat "
             "template. Use an instruct/chat model, or set `tokenizer.chat_template` (a Jinja string) "
             "before building the environment."

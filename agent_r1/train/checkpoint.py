@@ -5,11 +5,17 @@
 - ``model/``: the policy in Hugging Face format (``save_pretrained``; with LoRA, the adapter only),
   loadable on its own with ``from_pretrained`` / ``PeftModel.from_pretrained``;
 - ``learner.pt``: optimizer and learning-rate schedule state;
-- ``trainer_state.pt``: the step counter and the Python / NumPy / torch RNG states.
+- ``trainer_state.pt``: the step counter and the Python / NumPy / torch RNG states;
+- ``manifest.json``: ``{"files": {relative path: {"size": bytes, "sha256": hex}}}`` of every other file.
 
 A checkpoint is written under ``.tmp-step_000010`` and renamed into place once complete, so a process
 killed mid-write leaves either the previous checkpoint set or the new one, never a half-written
-checkpoint that resume would load. Only the last ``keep`` checkpoints are kept.
+checkpoint that resume would load. The manifest is the last file written before the rename, so a
+file truncated or changed later (a full disk, a bad copy, bit rot) is detected: ``load_checkpoint``
+refuses such a checkpoint, and ``latest_checkpoint`` skips it (with a warning naming the file and what
+is wrong) for the newest one that verifies, setting the bad one aside as ``corrupt-step_000010``.
+A checkpoint written before manifests existed is accepted with a warning that it cannot be verified.
+Only the last ``keep`` checkpoints are kept.
 
 ``AGENT_R1_CHECKPOINT_WRITE_DELAY="STEP:SECONDS"`` (for tests only) sleeps halfway through the write of
 checkpoint STEP so that a test can kill the process while that checkpoint is being written.
@@ -17,7 +23,9 @@ checkpoint STEP so that a test can kill the process while that checkpoint is bei
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -28,11 +36,27 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = [
+    "CheckpointError",
+    "checkpoint_problem",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+]
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
+CORRUPT_PREFIX = "corrupt-"
+MANIFEST = "manifest.json"
 WRITE_DELAY_ENV = "AGENT_R1_CHECKPOINT_WRITE_DELAY"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that fails verification, naming the folder, the file and what is wrong."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -75,6 +99,7 @@ def save_checkpoint(
     torch.save(learner_state, tmp / "learner.pt")
     torch.save({**trainer_state, "step": step}, tmp / "trainer_state.pt")
     (tmp / "info.json").write_text(json.dumps({"step": step, "lora": _is_peft(model)}))
+    _write_manifest(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -83,15 +108,75 @@ def save_checkpoint(
     return final
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: Path) -> None:
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    entries = {
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files
+    }
+    (folder / MANIFEST).write_text(json.dumps({"files": entries}, indent=1))
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """What is wrong with checkpoint folder ``path`` (a missing, truncated or changed file, an
+    unreadable manifest), or None when every file matches its manifest entry. A folder without a
+    manifest (written by an older agent-r1) is accepted with a warning when its files are present."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        if not (path / "trainer_state.pt").is_file():
+            return f"no {MANIFEST} and no trainer_state.pt: not a complete checkpoint"
+        logger.warning("%s has no %s (written by an older agent-r1): loading it unverified", path, MANIFEST)
+        return None
+    try:
+        entries = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+        return f"{MANIFEST} is unreadable ({type(error).__name__}: {error})"
+    for name, entry in entries.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if size != entry["size"]:
+            return f"{name} has {size} bytes, the manifest says {entry['size']} (truncated or overwritten)"
+        if _sha256(file) != entry["sha256"]:
+            return f"{name} does not match its sha256 in the manifest (its bytes changed)"
+    return None
+
+
 def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``directory`` (temporary leftovers are removed)."""
+    """The newest checkpoint under ``directory`` that verifies (``checkpoint_problem``).
+
+    Temporary leftovers of a killed write are removed. A newer checkpoint that fails verification is
+    logged as a warning (which file, what is wrong) and renamed to ``corrupt-step_N``, so that pruning
+    and later resumes skip it and it stays on disk for inspection.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         return None
     for leftover in directory.glob(f"{TMP_PREFIX}*"):
         shutil.rmtree(leftover, ignore_errors=True)
-    complete = sorted(p for p in directory.glob(f"{PREFIX}*") if (p / "trainer_state.pt").is_file())
-    return complete[-1] if complete else None
+    for candidate in sorted((p for p in directory.glob(f"{PREFIX}*") if p.is_dir()), reverse=True):
+        problem = checkpoint_problem(candidate)
+        if problem is None:
+            return candidate
+        aside = candidate.with_name(CORRUPT_PREFIX + candidate.name)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(candidate, aside)
+        logger.warning(
+            "checkpoint %s is corrupt: %s; moved it to %s and falling back to the previous checkpoint",
+            candidate,
+            problem,
+            aside.name,
+        )
+    return None
 
 
 def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -106,9 +191,18 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_checkpoint(path: str | Path, model) -> tuple[dict, dict]:
-    """Load the weights of checkpoint ``path`` into ``model``; return (learner_state, trainer_state)."""
+def load_checkpoint(path: str | Path, model, *, verify: bool = True) -> tuple[dict, dict]:
+    """Load the weights of checkpoint ``path`` into ``model``; return (learner_state, trainer_state).
+
+    ``verify`` checks every file against the manifest first (``CheckpointError`` if one does not
+    match); ``verify=False`` is for a checkpoint that ``latest_checkpoint`` has just verified.
+    """
     path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such checkpoint folder")
+    problem = checkpoint_problem(path) if verify else None
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {problem}")
     weights = _read_safetensors(path / "model")
     if _is_peft(model):
         from peft import set_peft_model_state_dict

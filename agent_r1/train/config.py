@@ -249,6 +249,13 @@ class TrainerConfig:
     torch_threads: int | None = _opt(
         None, "torch.set_num_threads; None keeps torch's default.", _optional(_positive)
     )
+    max_error_fraction: float = _opt(
+        1.0,
+        "Error budget: the run stops (TrainingHalted, exit code 3) naming the first error when more "
+        "than this fraction of a rollout's trajectories (a step's, an evaluation's) end in ERROR, and "
+        "always when every one does; 1.0 stops only then, 0 at the first error.",
+        _unit_interval,
+    )
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ def check_fields(tasks: Sequence[Mapping[str, Any]], required: Sequence[str], so
 
 def _read_path(path: str, split: str) -> list[Any]:
     p = Path(path)
+    if p.suffix in (".parquet", ".jsonl", ".json") and not p.is_file():
+        raise DataError(f"{path}: no such file")
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -90,7 +92,13 @@ def _read_path(path: str, split: str) -> list[Any]:
         raise DataError(f"{path}: no such file, or unsupported extension (use .parquet, .jsonl or .json)")
     import datasets
 
-    return list(datasets.load_dataset(path, split=split))
+    try:
+        return list(datasets.load_dataset(path, split=split))
+    except OSError as error:  # no such hub dataset, or the hub is unreachable (offline)
+        raise DataError(
+            f"{path}: not a local file or folder, and not loadable as a Hugging Face dataset "
+            f"({type(error).__name__}: {error})"
+        ) from None
 
 
 def _read_object(source: Any, split: str, name: str) -> list[Any]:

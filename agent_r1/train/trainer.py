@@ -23,6 +23,9 @@ Choices, and where they come from:
 - **Reproducibility**: each request gets a sampling seed derived from (run seed, step, prompt,
   occurrence), each step's tasks are a pure function of (seed, step) and mini-batches are shuffled by
   a generator seeded per step, so a resumed run continues exactly like an uninterrupted one.
+- **Error budget** (``agent_r1.train.health``): ERROR trajectories are dropped by the filter, their
+  first error of each kind is logged, and a rollout with more than ``trainer.max_error_fraction`` of
+  them (or all) stops the run with ``TrainingHalted`` before it trains on the step.
 - **Critic** (``gae_token``, ``gae_step`` only): a value head on its own copy of the policy body
   (``agent_r1.train.critic``), trained after the policy on each mini-batch with the clipped value loss.
 """
@@ -34,6 +37,7 @@ import copy
 import hashlib
 import inspect
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -54,6 +58,7 @@ from agent_r1.algos import (
     get_policy_loss,
     kl_penalty,
 )
+from agent_r1.envs.tool_env import tool_count_metrics
 from agent_r1.flows.base import AgentEnvLoop, AgentFlow, rollout_groups
 from agent_r1.train.batching import (
     StepRows,
@@ -66,15 +71,16 @@ from agent_r1.train.batching import (
     step_rows,
 )
 from agent_r1.train.checkpoint import (
-    latest_checkpoint,
     load_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
 from agent_r1.train.config import ConfigError, TrainConfig
-from agent_r1.train.data import TaskSampler, check_fields, load_tasks
+from agent_r1.train.data import DataError, TaskSampler, check_fields, load_tasks
+from agent_r1.train.health import rollout_health
 from agent_r1.train.learner import MASKABLE_KERNELS, Learner, MiniBatch, load_policy
+from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.run_dir import RunDir
 from agent_r1.types import SamplingParams, Task, Trajectory, TrajectoryGroup, TrajectoryStatus
 
@@ -193,7 +199,10 @@ class Trainer:
             ``data.train`` / ``data.val``.
         reward_fn: optional ``(trajectory, task) -> float`` that replaces each trajectory's outcome reward.
         engine: a rollout ``Engine``; defaults to an ``HFEngine`` over the policy (see ``share_model``).
-        resume: continue from the newest checkpoint in ``trainer.run_dir`` (if there is one).
+        resume: ``True`` continues from the newest checkpoint in ``trainer.run_dir`` that verifies
+            and refuses (``ResumeError``) when there is none or when the config differs from the run's
+            ``config.yaml``; ``"auto"`` starts fresh when there is none (``agent_r1.train.resume``).
+        allow_config_change: resume even though the config differs (the old one is kept).
     """
 
     def __init__(
@@ -209,9 +218,12 @@ class Trainer:
         val_tasks: Any = None,
         reward_fn: RewardFn | None = None,
         engine=None,
-        resume: bool = False,
+        resume: ResumeMode = False,
+        allow_config_change: bool = False,
     ) -> None:
         self.config = config
+        # Checked first: a refused resume should not wait for a model to load.
+        self.resume_from = resume_checkpoint(config, resume, allow_config_change=allow_config_change)
         algo, rollout, trainer = config.algorithm, config.rollout, config.trainer
         if trainer.torch_threads:
             torch.set_num_threads(trainer.torch_threads)
@@ -223,7 +235,10 @@ class Trainer:
                 raise ConfigError(
                     "model.path", "no model given: set model.path (or pass model= and tokenizer=)"
                 )
-            tokenizer = load_tokenizer(config.model.tokenizer or config.model.path)
+            tokenizer = load_tokenizer(
+                config.model.tokenizer or config.model.path,
+                key="model.tokenizer" if config.model.tokenizer else "model.path",
+            )
         self.tokenizer = tokenizer
         if model is None:
             if not config.model.path:
@@ -309,11 +324,17 @@ class Trainer:
             raise ConfigError(
                 key, "no tasks: set it to a .parquet/.jsonl/.json file or dataset (or pass tasks)"
             )
-        return load_tasks(source, split=split, required_fields=required)
+        try:
+            return load_tasks(source, split=split, required_fields=required)
+        except DataError as error:
+            raise DataError(f"{key}: {error}") from None
 
     def _env_factory(self) -> Callable[[], Any]:
-        """``make_env(env.name, **env.kwargs)``, with ``tokenizer=`` when the factory takes one."""
-        from agent_r1.envs.registry import get_env_factory, make_env
+        """``env.name``'s factory called with ``env.kwargs`` (and ``tokenizer=`` when it takes one). An
+        exception while building the env becomes a ``ConfigError`` naming ``env.kwargs``, which feeds
+        the construction (the run's halt message, ``agent_r1.train.health``, then points at the config)."""
+        from agent_r1.envs.base import AgentEnv
+        from agent_r1.envs.registry import get_env_factory
 
         name, kwargs = self.config.env.name, dict(self.config.env.kwargs)
         if not name:
@@ -328,7 +349,24 @@ class Trainer:
             takes_tokenizer = False
         if takes_tokenizer and "tokenizer" not in kwargs:
             kwargs["tokenizer"] = self.tokenizer
-        return lambda: make_env(name, **kwargs)
+        configured = sorted(self.config.env.kwargs)  # names only: values may hold credentials
+
+        def build() -> AgentEnv:
+            try:
+                env = factory(**kwargs)
+            except Exception as error:
+                raise ConfigError(
+                    "env.kwargs",
+                    f"building env {name!r} with env.kwargs {configured} raised "
+                    f"{type(error).__name__}: {error}",
+                ) from error
+            if not isinstance(env, AgentEnv):
+                raise ConfigError(
+                    "env.name", f"{name!r} built a {type(env).__name__}, which is not an agent_r1 AgentEnv"
+                )
+            return env
+
+        return build
 
     def _loop(self, env_factory, sampling: SamplingParams) -> AgentEnvLoop:
         return AgentEnvLoop(
@@ -454,6 +492,7 @@ class Trainer:
                 filter_metrics["filter/resample_rounds"] = float(rounds)
                 filter_metrics["filter/kept_groups"] = float(len(kept))
             metrics = {**self.rollout_metrics(groups), **filter_metrics}
+            self.check_health(groups, step)
             advantages_NL = None
             batch = None
             if kept:
@@ -695,11 +734,31 @@ class Trainer:
 
     # ------------------------------------------------------------------ metrics, eval, dumps
 
+    def check_health(self, groups: list[TrajectoryGroup], step: int, *, evaluation: bool = False) -> None:
+        """The error budget (``agent_r1.train.health``): logs the first error of each kind in a rollout
+        and raises ``TrainingHalted`` when more than ``trainer.max_error_fraction`` of its trajectories,
+        or all of them, ended in ERROR. A training step's trajectories are dumped first: the dump
+        holds every traceback."""
+        dump = not evaluation and self.config.logging.dump_trajectories and self.run_dir is not None
+        halt = rollout_health(
+            groups,
+            self.config.trainer.max_error_fraction,
+            f"evaluation at step {step}" if evaluation else f"step {step}",
+            see=str(self.run_dir.trajectories / f"step_{step:06d}.jsonl") if dump else None,
+        )
+        if halt is None:
+            return
+        if dump:
+            self.run_dir.dump_trajectories(step, self.annotate(groups, None, None))
+        raise halt
+
     def rollout_metrics(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
+        """The rollout's means over its non-ERROR trajectories; a mean over none is left out, not
+        logged as nan (``rollout/error_fraction`` says why it is missing)."""
         trajectories = [t for g in groups for t in g.trajectories]
         ok = [t for t in trajectories if t.status is not TrajectoryStatus.ERROR]
         steps = [s for t in ok for s in t.steps]
-        return {
+        metrics = {
             "reward/mean": _mean([t.total_reward for t in ok]),
             "success/mean": _mean([float(trajectory_success(t)) for t in ok]),
             "response_length/mean": _mean([len(s.response_ids) for s in steps]),
@@ -707,19 +766,24 @@ class Trainer:
             "rollout/error_fraction": 1 - len(ok) / max(len(trajectories), 1),
             "rollout/truncated_fraction": _mean([float(t.status is TrajectoryStatus.TRUNCATED) for t in ok]),
         }
+        metrics.update(tool_count_metrics(steps))
+        return {name: value for name, value in metrics.items() if not math.isnan(value)}
 
     def evaluate(self) -> dict[str, float]:
-        """Mean reward and success rate on the validation tasks (``eval/reward``, ``eval/success``)."""
+        """Mean reward and success rate on the validation tasks (``eval/reward``, ``eval/success``; an
+        ERROR trajectory counts as 0 and in ``eval/error_fraction``, within ``check_health``'s budget)."""
         if not self.val_tasks or self.eval_flow is None:
             return {}
         self.engine.reseed(f"{self.config.trainer.seed}:eval:{self.step}")
         groups = asyncio.run(
             rollout_groups(self.eval_flow, self.engine, self.val_tasks, self.config.rollout.eval_n)
         )
+        self.check_health(groups, self.step, evaluation=True)
         if self.reward_fn is not None:
             groups = self.score(groups, self.val_tasks)
         trajectories = [t for g in groups for t in g.trajectories]
         return {
+            "eval/error_fraction": _mean([float(t.status is TrajectoryStatus.ERROR) for t in trajectories]),
             "eval/reward": _mean(
                 [t.total_reward if t.status is not TrajectoryStatus.ERROR else 0.0 for t in trajectories]
             ),
@@ -783,10 +847,11 @@ class Trainer:
         )
 
     def _restore(self) -> int:
-        checkpoint = latest_checkpoint(Path(self.config.trainer.run_dir) / "checkpoints")
+        checkpoint = self.resume_from
         if checkpoint is None:
             return 0
-        learner_state, trainer_state = load_checkpoint(checkpoint, self.model)
+        logger.info("resuming from %s", checkpoint)
+        learner_state, trainer_state = load_checkpoint(checkpoint, self.model, verify=False)
         self.learner.load_state_dict(learner_state)
         if self.critic is not None:
             self.critic.model.load_state_dict(trainer_state["critic"]["model"])

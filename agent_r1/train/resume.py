@@ -1,0 +1,126 @@
+"""What ``--resume`` continues from, and the checks that keep it from silently doing something else.
+
+``Trainer(config, resume=...)`` (and ``agent-r1 train --resume`` / ``--resume-or-start``) calls
+``resume_checkpoint`` before it loads anything:
+
+- ``resume=True`` (``--resume``) needs a checkpoint: with none under ``RUN_DIR/checkpoints`` it is a
+  ``ResumeError`` saying where it looked, not a silent fresh start. ``resume="auto"``
+  (``--resume-or-start``) starts fresh when there is none.
+- The resolved config is compared with ``RUN_DIR/config.yaml`` (the config the run was last started
+  with). A difference in a key that can change what is trained (the advantage estimator, the learning
+  rate, tasks per step, ...) is a ``ResumeError`` listing each key, old → new, unless
+  ``allow_config_change`` (``--allow-config-change``); then the old file is kept as
+  ``config.prev-N.yaml`` before the run directory writes the new one. Keys in ``NEUTRAL_KEYS`` cannot
+  change the trained result and may differ freely; ``trainer.steps`` may too while the learning-rate
+  schedule is constant (a cosine schedule decays over ``trainer.steps``).
+- The checkpoint is the newest one that verifies against its manifest (``latest_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from agent_r1.train.checkpoint import latest_checkpoint
+from agent_r1.train.config import TrainConfig, config_to_dict
+
+__all__ = ["NEUTRAL_KEYS", "ResumeError", "config_changes", "resume_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+ResumeMode = bool | Literal["auto"]
+
+NEUTRAL_KEYS = ("logging.", "trainer.run_dir", "trainer.checkpoint_every", "trainer.keep_checkpoints")
+"""Dotted keys (or prefixes ending in '.') that change how a run is logged or saved, not what it trains."""
+
+_ABSENT = "(absent)"
+
+
+class ResumeError(ValueError):
+    """Resuming would silently do something other than continue the run; says what and how to proceed."""
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict) or (prefix and not data):
+        return {prefix[:-1]: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_flatten(value, f"{prefix}{key}."))
+    return out
+
+
+def config_changes(old: dict[str, Any], new: TrainConfig) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every key where ``new`` differs from the mapping ``old``
+    (a ``config.yaml`` as loaded); a key only one side has shows ``(absent)`` on the other."""
+    # Round-trip through YAML so both sides have the types config.yaml holds (lists, not tuples).
+    old_flat = _flatten(old)
+    new_flat = _flatten(yaml.safe_load(yaml.safe_dump(config_to_dict(new))))
+    keys = sorted(old_flat.keys() | new_flat.keys())
+    return [
+        (k, old_flat.get(k, _ABSENT), new_flat.get(k, _ABSENT))
+        for k in keys
+        if old_flat.get(k, _ABSENT) != new_flat.get(k, _ABSENT)
+    ]
+
+
+def _neutral(key: str, config: TrainConfig) -> bool:
+    if key == "trainer.steps":
+        return config.trainer.lr_schedule == "constant"
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NEUTRAL_KEYS)
+
+
+def _keep_previous(config_file: Path) -> Path:
+    n = 1
+    while (kept := config_file.with_name(f"config.prev-{n}.yaml")).exists():
+        n += 1
+    shutil.copyfile(config_file, kept)
+    return kept
+
+
+def resume_checkpoint(
+    config: TrainConfig, resume: ResumeMode, *, allow_config_change: bool = False
+) -> Path | None:
+    """The checkpoint to continue from, or None to start fresh (``resume`` False, or "auto" with no
+    checkpoint); raises ``ResumeError`` as the module docstring says."""
+    if resume not in (False, True, "auto"):
+        raise ValueError(f"resume must be False, True or 'auto', got {resume!r}")
+    if resume is False:
+        return None
+    run_dir = Path(config.trainer.run_dir)
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    if checkpoint is None:
+        if resume == "auto":
+            logger.info("no checkpoint in %s: starting a fresh run", run_dir / "checkpoints")
+            return None
+        raise ResumeError(
+            f"--resume: no checkpoint to resume from in {run_dir / 'checkpoints'} (none there, or none "
+            "that verifies; see the warnings above). To start a fresh run in this run directory, use "
+            "--resume-or-start (Python: Trainer(config, resume='auto')) or leave out --resume."
+        )
+    config_file = run_dir / "config.yaml"
+    if not config_file.is_file():
+        logger.warning(
+            "%s is missing: cannot check that the config is unchanged since %s", config_file, checkpoint
+        )
+        return checkpoint
+    changes = config_changes(yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}, config)
+    if not changes:
+        return checkpoint
+    listing = "\n".join(f"  {key}: {old!r} → {new!r}" for key, old, new in changes)
+    significant = [key for key, _, _ in changes if not _neutral(key, config)]
+    if significant and not allow_config_change:
+        raise ResumeError(
+            f"--resume: the config differs from the one this run was started with ({config_file}):\n"
+            f"{listing}\nResuming would continue checkpoint {checkpoint.name} under other settings than "
+            "it was trained with. To resume with these changes, add --allow-config-change (Python: "
+            "Trainer(..., allow_config_change=True)); the old config is then kept as config.prev-N.yaml. "
+            "Otherwise resume with the old settings, or train in a new trainer.run_dir."
+        )
+    kept = _keep_previous(config_file)
+    log = logger.warning if significant else logger.info
+    log("resuming %s with a changed config (the old one is kept as %s):\n%s", checkpoint, kept.name, listing)
+    return checkpoint

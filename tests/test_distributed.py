@@ -1,6 +1,7 @@
 """Scale-out on Ray: a local cluster with rollout actors and gloo learner workers trains the tiny model.
 
-- synchronous Ray training reproduces the single-process trainer (same trajectories, same losses),
+- synchronous Ray training reproduces the single-process trainer (same trajectories, losses and
+  gradients; weights within what AdamW makes of the gradients' rounding, see ``update_parity``),
   with DDP learner workers (the default) and, for a critic estimator, with FSDP2 workers, whose
   checkpoint (policy and critic) resumes to the uninterrupted run's next step;
 - a rollout actor killed mid-rollout is restarted and exactly its unfinished samples are re-queued;
@@ -19,6 +20,13 @@ import ray
 import torch
 from safetensors.torch import load_file
 from trainer_envs import tasks
+from update_parity import (
+    adam_difference_bound,
+    assert_gradients_match,
+    load_optimizer_steps,
+    record_optimizer_steps,
+    record_worker_optimizer_steps,
+)
 
 from agent_r1.cli import main
 from agent_r1.distributed import LearnerFailure, RayTrainer, RolloutPool, actor_runtime_env
@@ -73,14 +81,25 @@ def _dump(run_dir, step):
 
 @pytest.fixture(scope="module")
 def single_and_ray(cluster, tiny_checkpoint, tmp_path_factory):
+    """Both runs' directories, and the optimizer steps each took (``update_parity``)."""
     single_dir, ray_dir = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("ray")
-    Trainer(_config(tiny_checkpoint, single_dir, backend="none"), train_tasks=tasks(12)).fit()
-    RayTrainer(_config(tiny_checkpoint, ray_dir), train_tasks=tasks(12)).fit()
-    return single_dir, ray_dir
+    ray_steps = tmp_path_factory.mktemp("ray_steps")
+    single = Trainer(_config(tiny_checkpoint, single_dir, backend="none"), train_tasks=tasks(12))
+    single_steps = record_optimizer_steps(single.learner, single.model)
+    single.fit()
+    distributed = RayTrainer(_config(tiny_checkpoint, ray_dir), train_tasks=tasks(12))
+    ray.get(
+        [
+            w.__ray_call__.remote(record_worker_optimizer_steps, str(ray_steps))
+            for w in distributed.learner.workers
+        ]
+    )
+    distributed.fit()
+    return single_dir, ray_dir, single_steps, load_optimizer_steps(ray_steps)
 
 
 def test_sync_ray_training_matches_the_single_process_trainer(single_and_ray, tiny_checkpoint):
-    single_dir, ray_dir = single_and_ray
+    single_dir, ray_dir, single_steps, ray_steps = single_and_ray
     assert _config(tiny_checkpoint, ray_dir).distributed.strategy == "ddp"
     for step in (1, 2, 3):
         ours, theirs = _dump(ray_dir, step), _dump(single_dir, step)
@@ -95,16 +114,22 @@ def test_sync_ray_training_matches_the_single_process_trainer(single_and_ray, ti
         for key in ("loss/policy", "grad_norm", "clip_fraction", "reward/mean"):
             assert distributed[step][key] == pytest.approx(single[step][key], rel=1e-4, abs=1e-6), (step, key)
         assert distributed[step]["async/staleness_max"] == 0
+    assert len(single_steps) == 3 * 2  # steps x mini-batches
+    assert_gradients_match(ray_steps, single_steps)
     ours = load_file(Path(ray_dir) / "checkpoints" / "step_000003" / "model" / "model.safetensors")
     theirs = load_file(Path(single_dir) / "checkpoints" / "step_000003" / "model" / "model.safetensors")
     first = load_file(Path(tiny_checkpoint) / "model.safetensors")
     assert any(not torch.equal(first[name], theirs[name]) for name in first)  # training moved the weights
+    assert ours.keys() == theirs.keys() == single_steps[0]["grads"].keys()
+    bounds = adam_difference_bound(ray_steps, single_steps, theirs)
     for name, tensor in theirs.items():
-        if "k_proj.bias" in name:
-            # A key bias adds the same q.b to every score of a query, which softmax ignores: its true
-            # gradient is 0, so its gradient is rounding noise, and Adam turns noise into lr-sized steps.
-            continue
-        torch.testing.assert_close(ours[name], tensor, atol=1e-5, rtol=1e-4)
+        excess = (ours[name].double() - tensor.double()).abs() - bounds[name]
+        worst = int(excess.argmax())
+        assert excess.max() <= 0, (name, worst, float(bounds[name].flatten()[worst]))
+    # Not vacuous: where the gradients are large against their rounding, the bound is tighter than a
+    # flat 1e-5 (measured: all but a few in 10^5 weights, whose gradients are rounding-sized).
+    tight = sum(int((b <= 1e-5).sum()) for b in bounds.values())
+    assert tight >= 0.99 * sum(b.numel() for b in bounds.values())
 
 
 def test_a_killed_rollout_actor_is_restarted_and_exactly_its_unfinished_samples_requeued(

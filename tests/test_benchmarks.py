@@ -121,7 +121,7 @@ def test_run_all_runs_every_script_in_order(tmp_path):
     assert proc.returncode == 0, proc.stderr
     calls = [line.split() for line in log.read_text().splitlines() if not line.startswith("-c")]
     scripts = [Path(c[0]).name for c in calls]
-    expected = ["layout.py", "logprob_memory.py", "rollout.py", "vs_trl.py", "multiturn.py"]
+    expected = ["layout.py", "logprob_memory.py", "rollout.py", "vs_trl.py", "multiturn.py", "serve_load.py"]
     assert scripts == [s for s in expected if (BENCHMARKS / s).exists()], scripts
     assert all("--quick" in c for c in calls), calls
     assert "--skip-trl" in calls[scripts.index("vs_trl.py")]  # the stand-in has no trl

@@ -3,12 +3,20 @@
 ``/v1/completions`` (token-id or text prompts; token ids and log-probs back), ``/v1/chat/completions``
 (the tokenizer's chat template), ``/v1/models`` and ``/health``; see ``agent_r1.rollout.server``.
 The HF engine runs anywhere; ``--engine vllm`` needs the ``vllm`` package (``.venv-vllm``).
+
+``--api-key KEY`` (or ``AGENT_R1_API_KEY``) makes every request but ``/health`` need
+``Authorization: Bearer KEY``. An address other than loopback is refused without a key unless
+``--allow-unauthenticated`` says the network is trusted: a served model is compute that anyone who
+can reach the port could spend.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+API_KEY_ENV = "AGENT_R1_API_KEY"
 
 HELP = "Serve a model over HTTP with the OpenAI completions / chat API (token ids and log-probs)."
 
@@ -17,6 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="a Hugging Face model folder (weights + tokenizer)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on every request but /health (default: ${API_KEY_ENV}; "
+        "prefer the variable: a command line is visible to every user of the machine)",
+    )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback --host without an API key (only on a network you trust)",
+    )
     parser.add_argument(
         "--engine", choices=("hf", "vllm"), default="hf", help="rollout engine (default: %(default)s)"
     )
@@ -67,14 +86,22 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from agent_r1.models.loading import load_tokenizer
-    from agent_r1.rollout.server import build_app
+    from agent_r1.rollout.server import build_app, check_exposure
 
+    # An empty variable counts as unset (as VLLM_API_KEY does); an empty --api-key is an error.
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    try:  # before loading anything: a refused start should cost nothing
+        check_exposure(args.host, api_key=api_key, allow_unauthenticated=args.allow_unauthenticated)
+    except ValueError as e:
+        raise SystemExit(f"agent-r1 serve: {e}") from None
     if not Path(args.model).is_dir():
         raise SystemExit(f"agent-r1 serve: {args.model!r} is not a model folder")
     tokenizer = load_tokenizer(args.model, require_template=False)
     engine = build_engine(args)
     name = args.served_model_name or Path(args.model).resolve().name
-    app = build_app(engine, model_name=name, tokenizer=tokenizer)
-    print(f"agent-r1 serve: {name} ({args.engine}) on http://{args.host}:{args.port}/v1", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    app = build_app(engine, model_name=name, tokenizer=tokenizer, api_key=api_key)
+    auth = "API key required" if api_key else "no API key"
+    print(f"agent-r1 serve: {name} ({args.engine}) on http://{args.host}:{args.port}/v1, {auth}", flush=True)
+    # handler_cancellation: a client that disconnects cancels its engine request (see server.py)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True)
     return 0

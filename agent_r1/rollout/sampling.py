@@ -45,8 +45,10 @@ def sample_next_tokens(
     logits_BV = logits_BV.float()
     temperature_B = torch.tensor(
         [1.0 if p.greedy else p.temperature for p in params], device=logits_BV.device
-    )
-    scaled_BV = logits_BV / temperature_B[:, None]
+    ).clamp_min(torch.finfo(torch.float32).tiny)  # a temperature below float32's range is not 0/0
+    # Shifting by the row max changes no softmax, and keeps a tiny temperature from overflowing the
+    # scaled logits to inf (whose softmax is NaN, which made the whole batch's sampling fail).
+    scaled_BV = (logits_BV - logits_BV.amax(dim=-1, keepdim=True)) / temperature_B[:, None]
     logprobs_BV = scaled_BV.log_softmax(dim=-1)
 
     draw_BV = scaled_BV

@@ -13,13 +13,24 @@ and to ``vllm serve`` alike:
 
 Log-probs are the engine's (``log softmax(logits / temperature)``, ``agent_r1.types``). Deviation:
 ``top_logprobs`` holds only the sampled token (engines return no alternatives). Streaming, ``echo``
-and ``best_of`` are not supported and answered with HTTP 400, like any invalid request.
+and ``best_of`` are not supported and answered with HTTP 400, like any invalid request; a ``model``
+other than the served one gets 404, as from vLLM.
+
+With ``api_key``, every path but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise),
+like ``vllm serve --api-key``. ``check_exposure`` is the rule ``agent-r1 serve`` applies before it
+binds: an address other than loopback needs a key, or an explicit opt-out.
+
+A client that disconnects cancels its request: the engine stops generating for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import ipaddress
 import json
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -31,11 +42,22 @@ from aiohttp import web
 from agent_r1.rollout.base import Engine
 from agent_r1.types import Completion, SamplingParams, StopReason
 
-__all__ = ["build_app", "start_server"]
+__all__ = ["build_app", "check_exposure", "is_loopback", "start_server"]
+
+logger = logging.getLogger(__name__)
+
+# Integers go to torch as int64 (seeds, top_k): a larger one would fail inside the engine.
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# The OpenAI API's limit on ``n``; without one, a single request could queue any number of samples.
+MAX_N = 128
 
 
 class BadRequest(Exception):
     """An invalid request: answered with HTTP 400 and this message."""
+
+
+class _NotFound(Exception):
+    """A request for something this server does not have: answered with HTTP 404."""
 
 
 class _EngineError(Exception):
@@ -59,7 +81,14 @@ def _field(body: dict, name: str, kinds: type | tuple[type, ...], default: Any =
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         expected = " or ".join(k.__name__ for k in kinds)
         raise BadRequest(f"'{name}' must be of type {expected}, got {json.dumps(value)[:50]}")
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
+        raise BadRequest(f"'{name}' is out of range (a 64-bit signed integer), got {value}")
     return value
+
+
+def _reject_constant(name: str) -> None:
+    """``json.loads`` hook: Python's parser accepts ``NaN`` and ``Infinity``; JSON does not."""
+    raise ValueError(f"{name} is not valid JSON")
 
 
 def _sampling_params(body: dict, max_tokens_default: int) -> SamplingParams:
@@ -158,9 +187,15 @@ class _Handlers:
     @staticmethod
     def _body_n(body: dict) -> int:
         n = _field(body, "n", int, 1)
-        if n < 1:
-            raise BadRequest("'n' must be >= 1")
+        if not 1 <= n <= MAX_N:
+            raise BadRequest(f"'n' must be between 1 and {MAX_N}, got {n}")
         return n
+
+    def check_model(self, body: dict) -> None:
+        """The model a request names, if any, must be the one served (vLLM answers 404 too)."""
+        model = _field(body, "model", str)
+        if model is not None and model != self.model_name:
+            raise _NotFound(f"The model `{model}` does not exist; this server serves `{self.model_name}`.")
 
     # ------------------------------------------------------------------ endpoints
 
@@ -186,6 +221,8 @@ class _Handlers:
         params = _sampling_params(body, max_tokens_default=16)
         n = self._body_n(body)
         logprobs_k = _field(body, "logprobs", int)
+        if logprobs_k is not None and logprobs_k < 0:
+            raise BadRequest(f"'logprobs' must be >= 0, got {logprobs_k}")
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         with_ids = bool(body.get("return_token_ids"))
         completions = await self._generate(prompts, n, params)
@@ -286,39 +323,114 @@ class _Handlers:
         }
 
 
-def _json_endpoint(handler):
+def _json_endpoint(handlers: _Handlers, handler):
     async def endpoint(request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except Exception:
-            return _error(400, "the request body must be a JSON object", "invalid_request_error")
+            body = json.loads(await request.text(), parse_constant=_reject_constant)
+        except web.HTTPRequestEntityTooLarge as e:
+            return _error(413, e.text, "invalid_request_error")
+        except (ValueError, LookupError) as e:  # bad JSON, NaN / Infinity, undecodable bytes or charset
+            return _error(400, f"the request body must be a JSON object ({e})", "invalid_request_error")
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object", "invalid_request_error")
         try:
+            handlers.check_model(body)
             return web.json_response(await handler(body))
         except BadRequest as e:
             return _error(400, str(e), "invalid_request_error")
+        except _NotFound as e:
+            return _error(404, str(e), "not_found_error")
         except _EngineError as e:
             kind = "invalid_request_error" if e.status == 400 else "engine_error"
             return _error(e.status, str(e), kind)
+        except Exception as e:  # a bug here must still answer in the API's error format, and be logged
+            logger.exception("agent-r1 server: %s %s failed", request.method, request.path)
+            return _error(500, f"internal server error: {type(e).__name__}: {e}", "internal_error")
 
     return endpoint
 
 
+def _require_api_key(api_key: str):
+    """Middleware: every path but ``/health`` needs ``Authorization: Bearer <api_key>``.
+
+    Guarding everything except the one public path (rather than matching ``/v1/...``) leaves no
+    route open by a spelling the check did not foresee. Digests of equal length are compared with
+    ``hmac.compare_digest`` so the time taken does not reveal how much of a guess was right.
+    """
+    expected = hashlib.sha256(api_key.encode("utf-8")).digest()
+
+    @web.middleware
+    async def require_api_key(request: web.Request, handler) -> web.StreamResponse:
+        if request.path != "/health":
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            given = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).digest()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given, expected):
+                response = _error(
+                    401, "invalid or missing API key (Authorization: Bearer ...)", "authentication_error"
+                )
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+        return await handler(request)
+
+    return require_api_key
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to bind) is reachable from this machine only.
+
+    ``localhost``, 127.0.0.0/8 and ``::1`` (also IPv4-mapped) are; any other name is not, since
+    it may resolve to a public interface, and nor is ``""`` or ``0.0.0.0`` (every interface).
+    """
+    host = host.strip().strip("[]")
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def check_exposure(host: str, *, api_key: str | None, allow_unauthenticated: bool = False) -> None:
+    """Raise ``ValueError`` when serving on ``host`` would let anyone who can reach it use the model:
+    a non-loopback address without ``api_key``, unless ``allow_unauthenticated`` says it is meant."""
+    if api_key is not None and not api_key:
+        raise ValueError("the API key is empty; give a non-empty key, or none")
+    if api_key or allow_unauthenticated or is_loopback(host):
+        return
+    raise ValueError(
+        f"refusing to serve on {host!r} without an API key: anyone who can reach that address could "
+        "use the model. Set --api-key KEY (or the AGENT_R1_API_KEY environment variable), bind "
+        "127.0.0.1, or pass --allow-unauthenticated if the network is trusted."
+    )
+
+
 def build_app(
-    engine: Engine, *, model_name: str, tokenizer=None, max_context: int | None = None
+    engine: Engine,
+    *,
+    model_name: str,
+    tokenizer=None,
+    max_context: int | None = None,
+    api_key: str | None = None,
 ) -> web.Application:
     """An aiohttp application serving ``engine`` under ``model_name``.
 
     ``tokenizer`` enables text prompts, text in responses and chat completions; ``max_context``
-    (default: the engine's ``max_context``) rejects prompts that cannot fit with HTTP 400.
+    (default: the engine's ``max_context``) rejects prompts that cannot fit with HTTP 400;
+    ``api_key`` makes every path but ``/health`` require ``Authorization: Bearer <api_key>``.
+    Serve it with ``start_server`` or ``web.run_app(..., handler_cancellation=True)``, so that a
+    client's disconnect cancels its generation.
     """
+    if api_key is not None and not api_key:
+        raise ValueError("build_app: api_key is empty; give a non-empty key, or None")
     handlers = _Handlers(engine, model_name, tokenizer, max_context)
-    app = web.Application(client_max_size=64 * 2**20)
+    middlewares = [_require_api_key(api_key)] if api_key else []
+    app = web.Application(client_max_size=64 * 2**20, middlewares=middlewares)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/v1/models", handlers.models)
-    app.router.add_post("/v1/completions", _json_endpoint(handlers.completions))
-    app.router.add_post("/v1/chat/completions", _json_endpoint(handlers.chat_completions))
+    app.router.add_post("/v1/completions", _json_endpoint(handlers, handlers.completions))
+    app.router.add_post("/v1/chat/completions", _json_endpoint(handlers, handlers.chat_completions))
     return app
 
 
@@ -327,7 +439,9 @@ async def start_server(
 ) -> tuple[web.AppRunner, int]:
     """Start ``app`` on the running event loop; return the runner (``await runner.cleanup()`` to
     stop) and the bound port (``port=0`` picks a free one)."""
-    runner = web.AppRunner(app, access_log=None)
+    # aiohttp >= 3.9 lets a handler run on after its client has gone; cancelling it instead
+    # cancels the engine request, so a disconnected client stops costing decode steps.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner, runner.addresses[0][1]

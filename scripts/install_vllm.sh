@@ -25,6 +25,6 @@ fi
 .venv-vllm/bin/python -m pip install -q "$VLLM_SPEC"
 .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv-vllm/bin/python -m pip install -q --no-deps -e .
-# Ray, for the production path's test (Ray rollout actors holding vLLM engines: tests/vllm/check_ray_vllm.py)
+# Ray, for the production path's test (Ray rollout actors holding vLLM engines: tests/vllm/check_trainer_vllm.py)
 .venv-vllm/bin/python -m pip install -q "ray>=2.60,<3"
 echo "vllm installed in .venv-vllm ($(.venv-vllm/bin/python -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'))"

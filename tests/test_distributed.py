@@ -19,7 +19,7 @@ import pytest
 import ray
 import torch
 from safetensors.torch import load_file
-from trainer_envs import tasks
+from trainer_envs import ReinforceObjective, tasks
 from update_parity import (
     adam_difference_bound,
     assert_gradients_match,
@@ -29,7 +29,7 @@ from update_parity import (
 )
 
 from agent_r1.cli import main
-from agent_r1.distributed import LearnerFailure, RayTrainer, RolloutPool, actor_runtime_env
+from agent_r1.distributed import LearnerFailure, RolloutPool, actor_runtime_env
 from agent_r1.distributed.rollout_actor import SampleKey
 from agent_r1.train.config import config_from_dict, dump_config
 from agent_r1.train.trainer import Trainer
@@ -85,9 +85,9 @@ def single_and_ray(cluster, tiny_checkpoint, tmp_path_factory):
     single_dir, ray_dir = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("ray")
     ray_steps = tmp_path_factory.mktemp("ray_steps")
     single = Trainer(_config(tiny_checkpoint, single_dir, backend="none"), train_tasks=tasks(12))
-    single_steps = record_optimizer_steps(single.learner, single.model)
+    single_steps = record_optimizer_steps(single.learner.policy, single.model)
     single.fit()
-    distributed = RayTrainer(_config(tiny_checkpoint, ray_dir), train_tasks=tasks(12))
+    distributed = Trainer(_config(tiny_checkpoint, ray_dir), train_tasks=tasks(12))
     ray.get(
         [
             w.__ray_call__.remote(record_worker_optimizer_steps, str(ray_steps))
@@ -132,6 +132,22 @@ def test_sync_ray_training_matches_the_single_process_trainer(single_and_ray, ti
     assert tight >= 0.99 * sum(b.numel() for b in bounds.values())
 
 
+def test_a_custom_objective_trains_on_ray_as_in_one_process(cluster, tiny_checkpoint, tmp_path):
+    """``Trainer(objective=...)`` travels to the learner workers: the Ray run computes the user's loss
+    and its statistics, with the single-process run's values."""
+    runs = {}
+    for backend in ("none", "ray"):
+        run_dir = tmp_path / backend
+        config = _config(tiny_checkpoint, run_dir, backend=backend, trainer={"steps": 2, "mini_batches": 1})
+        Trainer(config, train_tasks=tasks(8), objective=ReinforceObjective(scale=0.5)).fit()
+        runs[backend] = _rows(run_dir)
+    for step in (1, 2):
+        single, distributed = runs["none"][step], runs["ray"][step]
+        assert "clip_fraction" not in distributed  # not the default PPO objective
+        for key in ("custom/mean_logprob", "loss/policy", "grad_norm"):
+            assert distributed[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), (step, key)
+
+
 def test_a_killed_rollout_actor_is_restarted_and_exactly_its_unfinished_samples_requeued(
     cluster, tiny_checkpoint, tmp_path
 ):
@@ -149,7 +165,7 @@ def test_a_killed_rollout_actor_is_restarted_and_exactly_its_unfinished_samples_
 
         groups = pool.collect(job, on_result=kill_after_first_result)
     finally:
-        pool.shutdown()
+        pool.close()
     assert pool.restarts == 1
     victim_keys = {SampleKey(i, j) for i in (0, 2) for j in range(4)}
     assert job.requeued, "the kill came after every sample of the actor had finished"
@@ -173,7 +189,7 @@ def test_async_mode_overlaps_rollout_and_update_within_the_staleness_bound(
         distributed={"mode": "async", "max_staleness": 2, "num_rollout_actors": 1, "num_learner_workers": 1},
         algorithm={"tis_cap": 2.0},
     )
-    RayTrainer(config, train_tasks=tasks(16)).fit()
+    Trainer(config, train_tasks=tasks(16)).fit()
     rows = _rows(tmp_path)
     # Step k+1's rollout is submitted before step k's update, so it can only carry an older version.
     # Version 0 samples steps 1-3; refreshing before step 3's rollout is not needed (staleness 2 is
@@ -202,7 +218,7 @@ def test_a_dead_learner_worker_stops_the_run_and_cli_resume_continues_it(
             ray.kill(trainer.learner.workers[1])
         return trajectory.outcome_reward
 
-    trainer = RayTrainer(config, reward_fn=reward_that_kills_a_worker_in_step_2)
+    trainer = Trainer(config, reward_fn=reward_that_kills_a_worker_in_step_2)
     with pytest.raises(LearnerFailure, match="worker 1 died.*--resume"):
         trainer.fit()
     assert trainer.learner.workers == [] and trainer.rollouts.actors == []
@@ -234,8 +250,8 @@ def test_a_critic_estimator_trains_on_fsdp2_workers_like_the_single_process_trai
     single_dir, ray_dir = tmp_path / "single", tmp_path / "ray"
     Trainer(config(single_dir, 3, backend="none"), train_tasks=tasks(12)).fit()
     fsdp2 = {"distributed": {"strategy": "fsdp2"}}
-    RayTrainer(config(ray_dir, 2, **fsdp2), train_tasks=tasks(12)).fit()
-    resumed, ran = RayTrainer(config(ray_dir, 3, **fsdp2), train_tasks=tasks(12), resume=True), []
+    Trainer(config(ray_dir, 2, **fsdp2), train_tasks=tasks(12)).fit()
+    resumed, ran = Trainer(config(ray_dir, 3, **fsdp2), train_tasks=tasks(12), resume=True), []
     train_step = resumed.train_step
     resumed.train_step = lambda step: ran.append(step) or train_step(step)
     resumed.fit()

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_r1.distributed import RayTrainer
 from agent_r1.distributed.learner_group import shard_micro_batches
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import ConfigError, config_from_dict, load_config
@@ -52,9 +51,27 @@ def test_bad_distributed_values_name_the_key(key, value, why):
         config_from_dict({"distributed": {key: value}})
 
 
-def test_ray_trainer_refuses_a_config_without_the_ray_backend_before_starting_anything():
-    with pytest.raises(ConfigError, match="distributed.backend"):
-        RayTrainer(config_from_dict({}))
+def test_ray_refuses_objects_built_in_the_driver_before_starting_anything():
+    from agent_r1.train.trainer import Trainer
+
+    config = config_from_dict({"distributed": {"backend": "ray"}})
+    with pytest.raises(ConfigError, match=r"distributed.backend.*engine, model cannot be passed"):
+        Trainer(config, model=object(), engine=object())
+
+
+def test_async_needs_the_ray_backend():
+    with pytest.raises(ConfigError, match="distributed.mode.*needs distributed.backend: ray"):
+        config_from_dict({"distributed": {"mode": "async"}, "algorithm": {"tis_cap": 2.0}})
+
+
+@pytest.mark.parametrize(
+    "old, new", [("engine", "rollout.engine"), ("engine_kwargs", "rollout.engine_kwargs")]
+)
+def test_the_engine_keys_moved_to_rollout_with_a_message_saying_where(old, new, tmp_path):
+    with pytest.raises(ConfigError, match=f"'distributed.{old}': moved to '{new}'"):
+        config_from_dict({"distributed": {old: "vllm" if old == "engine" else {}}})
+    with pytest.raises(ConfigError, match=f"'distributed.{old}': moved to '{new}'"):
+        load_config(None, [f"distributed.{old}=vllm"])
 
 
 def _micro_batch(length: int) -> MicroBatch:

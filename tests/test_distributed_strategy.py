@@ -41,12 +41,12 @@ from update_parity import (
 
 from agent_r1.algos import aggregation_weights, clipped_value_loss
 from agent_r1.distributed.learner_group import LearnerWorker, shard_micro_batches
-from agent_r1.distributed.parts import TrainerParts
+from agent_r1.train.backends import export_weights
 from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+from agent_r1.train.builders import policy_objective
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.critic import load_critic, micro_batch_values
 from agent_r1.train.learner import Learner, MiniBatch, load_policy
-from agent_r1.train.trainer import export_weights
 from agent_r1.types import Step, Trajectory
 
 pytestmark = pytest.mark.ray  # the learner group's worker class (no cluster is started)
@@ -164,11 +164,10 @@ def _rank_main(rank: int, port: int, checkpoint: str, out_dir: str) -> None:
         steps = record_optimizer_steps(worker.learner, worker.learner.model)  # on every rank (FSDP2)
         checkpoints = str(Path(out_dir) / case)
 
-        def update(mini, loss, worker=worker):
+        def update(mini, loss, worker=worker, objective=policy_objective(worker.config)):
             if loss == "poison":
-                token_loss = _poisoned_on_rank_1(worker.parts.token_loss, rank)
-                return worker.learner.update(_shard(mini, rank), token_loss, with_entropy=True)
-            return worker.update(_shard(mini, rank), True)
+                return worker.update(_shard(mini, rank), _poisoned_on_rank_1(objective, rank), True)
+            return worker.update(_shard(mini, rank), objective, True)
 
         def logprobs(mini, reference, worker=worker, lora_rank=lora_rank):
             if reference and not lora_rank:
@@ -229,7 +228,7 @@ def _single(tiny_checkpoint, lora_rank: int) -> dict:
     model = load_policy(config.model)
     trainer = config.trainer
     learner = Learner(model, trainer, temperature=1.0, total_optimizer_steps=trainer.steps)
-    token_loss = TrainerParts(config).token_loss
+    token_loss = policy_objective(config)
 
     def update(mini, loss):
         if loss == "poison":  # rank 1's half of the group's poisoned update, whole here

@@ -48,17 +48,23 @@ def test_vllm_engine_in_process():
     assert results["logprob_gap_max"] < 1e-3
 
 
-def test_ray_rollout_actors_with_vllm_engines_receive_the_trained_weights():
-    """The production path: 2 Ray rollout actors with vLLM engines, 1 learner worker, 2 steps; the
-    second step's log-probs match the synced weights (tests/vllm/check_ray_vllm.py)."""
+@pytest.mark.parametrize("backend", ["none", "ray"])
+def test_the_trainer_with_vllm_engines_samples_with_the_trained_weights(backend):
+    """``rollout.engine: vllm`` in one process and on Ray (2 rollout actors with vLLM engines, 1 learner
+    worker): 2 steps; the second step's log-probs match the synced weights
+    (tests/vllm/check_trainer_vllm.py)."""
     env = {**ENV, "PYTHONPATH": str(REPO / "tests"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [str(VLLM_PYTHON), "tests/vllm/check_ray_vllm.py"], cwd=REPO, env=env, capture_output=True, text=True
+        [str(VLLM_PYTHON), "tests/vllm/check_trainer_vllm.py", backend],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     results = json.loads(line.removeprefix("RESULT "))
-    print("Ray + vLLM:", results)
+    print(f"vLLM trainer ({backend}):", results)
     assert results["policy_versions_sampled"] == [1]
     assert results["gap_to_synced_weights"] < 1e-2 < results["gap_to_initial_weights"]
 

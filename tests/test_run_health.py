@@ -241,7 +241,7 @@ def test_the_cli_prints_the_reason_and_exits_non_zero(tiny_checkpoint, tmp_path,
 def test_an_env_whose_reset_always_raises_stops_a_ray_run(tiny_checkpoint, tmp_path, tmp_path_factory):
     import ray
 
-    from agent_r1.distributed import RayTrainer, actor_runtime_env
+    from agent_r1.distributed import actor_runtime_env
 
     ray.init(
         num_cpus=2,
@@ -258,7 +258,7 @@ def test_an_env_whose_reset_always_raises_stops_a_ray_run(tiny_checkpoint, tmp_p
         with pytest.raises(
             TrainingHalted, match=r"^step 1: every trajectory \(4 of 4\) ended in ERROR"
         ) as halted:
-            RayTrainer(config, train_tasks=tasks(4)).fit()
+            Trainer(config, train_tasks=tasks(4)).fit()
         assert "RuntimeError: reset is broken for task t" in str(halted.value)
         assert (tmp_path / "run" / "trajectories" / "step_000001.jsonl").is_file()
     finally:

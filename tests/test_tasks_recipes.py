@@ -26,7 +26,7 @@ def test_recipe_is_a_valid_config_for_a_registered_task(recipe: Path) -> None:
     config = load_config(str(recipe), [])
     assert config.env.name == "agent_r1.tasks.prepare:task_env"
     task, task_kwargs = config.env.kwargs["task"], config.env.kwargs.get("task_kwargs", {})
-    assert config.distributed.engine == "vllm" and config.model.dtype == "bfloat16"
+    assert config.rollout.engine == "vllm" and config.model.dtype == "bfloat16"
     # The data command in the header writes the files that data.train / data.val read, for the same task.
     command = re.search(r"^# Data: (.*)$", recipe.read_text(), re.MULTILINE).group(1)
     argv = shlex.split(command)

@@ -448,7 +448,7 @@ def test_trainer_takes_the_mode_from_env_kwargs_and_logs_the_counts(
     engine = ScriptedEngine(
         tiny_tokenizer, lambda prompt: "<answer>0</answer>" if "not a tool-call tag" in prompt else miss
     )
-    groups = asyncio.run(rollout_groups(trainer.flow, engine, tasks, 2))
+    groups = asyncio.run(rollout_groups(trainer.rollouts.flow, engine, tasks, 2))
     metrics = trainer.rollout_metrics(groups)
     for trajectory in groups[0].trajectories:
         near_misses = [s.info["tool_counts"]["near_misses"] for s in trajectory.steps]

@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 from trainer_envs import tasks
 
 from agent_r1.cli import main
+from agent_r1.train.backends import export_weights
 from agent_r1.train.config import ConfigError, config_from_dict
 from agent_r1.train.learner import load_policy
-from agent_r1.train.trainer import Trainer, export_weights
+from agent_r1.train.trainer import Trainer
 from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus
 
 
@@ -128,7 +129,9 @@ def test_final_checkpoint_is_a_loadable_hugging_face_model(trained):
 
 def test_sampler_and_learner_log_probs_agree(trained):
     trainer, _, _, _ = trained
-    trainer.engine.engine.__init__(trainer.model, tokenizer=trainer.tokenizer)  # the engine was closed by fit
+    trainer.rollouts.engine.engine.__init__(
+        trainer.model, tokenizer=trainer.tokenizer
+    )  # the engine was closed by fit
     try:
         groups = trainer.rollout(tasks(2), step=99)
         batch = trainer.prepare(groups)
@@ -180,9 +183,9 @@ def test_separate_engine_copy_with_lora_is_synced_with_merged_weights(tiny_check
         logging={"tensorboard": False, "dump_trajectories": False},
     )
     trainer = Trainer(config, train_tasks=tasks(4))
-    assert trainer.engine_model is not trainer.model
+    assert not trainer.rollouts.shares_model
     trainer.fit()
-    engine_state = trainer.engine_model.state_dict()
+    engine_state = trainer.rollouts.engine.engine.model.state_dict()
     exported = dict(export_weights(trainer.model))
     base = load_policy(replace(config.model, lora=replace(config.model.lora, rank=0))).state_dict()
     assert exported.keys() == base.keys()
@@ -191,7 +194,7 @@ def test_separate_engine_copy_with_lora_is_synced_with_merged_weights(tiny_check
         assert torch.equal(engine_state[name], tensor), name
         changed += not torch.equal(tensor, base[name])
     assert changed > 0  # the merged LoRA deltas reached the engine
-    assert trainer.engine.engine.weight_version == 2
+    assert trainer.rollouts.engine.engine.weight_version == 2
     adapter = load_file(tmp_path / "checkpoints" / "step_000002" / "model" / "adapter_model.safetensors")
     assert adapter and all("lora_" in k for k in adapter)
 
@@ -206,7 +209,7 @@ def test_kl_to_a_reference_model_is_reported(tiny_checkpoint, tmp_path):
         logging={"tensorboard": False, "dump_trajectories": False},
     )
     trainer = Trainer(config, train_tasks=tasks(4))
-    assert trainer.learner.reference is not None
+    assert trainer.learner.policy.reference is not None
     final = trainer.fit()
     assert 0 <= final["kl/mean"] < 1
 
@@ -237,19 +240,19 @@ def test_critic_estimators_train_a_value_head_and_resume_it(tiny_checkpoint, tmp
         logging={"tensorboard": False, "dump_trajectories": False},
     )
     trainer = Trainer(config, train_tasks=tasks(4))
-    head_before = trainer.critic.model.head.weight.detach().clone()
+    head_before = trainer.learner.critic.model.head.weight.detach().clone()
     final = trainer.fit()
     assert final["update/skipped"] == 0 and final["critic/update_skipped"] == 0
     assert final["loss/value"] > 0 and "critic/value_error" in final
-    assert not torch.equal(trainer.critic.model.head.weight, head_before)
+    assert not torch.equal(trainer.learner.critic.model.head.weight, head_before)
     resumed = Trainer(
         replace(config, trainer=replace(config.trainer, steps=3)), train_tasks=tasks(4), resume=True
     )
     resumed._restore()
     resumed.close()
-    for name, tensor in trainer.critic.model.state_dict().items():
-        assert torch.equal(resumed.critic.model.state_dict()[name], tensor), name
-    assert resumed.critic.optimizer_steps == trainer.critic.optimizer_steps == 2
+    for name, tensor in trainer.learner.critic.model.state_dict().items():
+        assert torch.equal(resumed.learner.critic.model.state_dict()[name], tensor), name
+    assert resumed.learner.critic.optimizer_steps == trainer.learner.critic.optimizer_steps == 2
 
 
 def test_eval_command_scores_a_checkpoint(trained, tmp_path, capsys):
@@ -322,3 +325,32 @@ def test_dapo_resampling_refills_the_groups_the_filter_dropped(tiny_checkpoint, 
     assert any(row["filter/resample_rounds"] >= 1 for row in refilled)
     with pytest.raises(ConfigError, match="algorithm.resample_rounds"):
         _config(tiny_checkpoint, tmp_path, algorithm={"resample_rounds": 2})
+
+
+def test_bf16_sampler_and_learner_log_probs_agree_to_bf16_rounding(tiny_checkpoint, tmp_path):
+    """``model.dtype: bfloat16`` end to end on the CPU: the HF engine samples (KV-cached decode) and the
+    learner rescores (packed forward, chunked LM head) from one bf16 model. Each path rounds every
+    logit z to bf16 (relative 2^-8) before the fp32 log-softmax, so log p = z_t - logsumexp(z) can move
+    by about 2^-8 |z| per term and path: the bound below is 4 * 2^-8 * max|z|. Measured on the 2-core
+    development machine: max gap 5.8e-3, mean 8.1e-4 over 1,013 tokens."""
+    config = _config(
+        tiny_checkpoint,
+        tmp_path,
+        model={"dtype": "bfloat16"},
+        rollout={"max_tokens": 16},
+        trainer={"steps": 1, "tasks_per_step": 4},
+        logging={"dump_trajectories": False, "tensorboard": False},
+    )
+    trainer = Trainer(config, train_tasks=tasks(8))
+    try:
+        assert next(trainer.model.parameters()).dtype is torch.bfloat16
+        groups = trainer.rollout(tasks(8), step=1)
+        batch = trainer.prepare(groups)  # two mini-batches: the learner recomputes the old log-probs
+    finally:
+        trainer.close()
+    gap = (batch.tokens["old_logprobs"] - batch.tokens["sampler_logprobs"]).abs()
+    with torch.no_grad():
+        ids = torch.tensor([list(s.prompt_ids) + list(s.response_ids) for s in [batch.rows.steps[0]]])
+        max_logit = float(trainer.model(input_ids=ids).logits.float().abs().max())
+    assert gap.numel() > 100
+    assert float(gap.max()) <= 4 * 2**-8 * max_logit, (float(gap.max()), max_logit)

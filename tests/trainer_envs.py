@@ -8,6 +8,8 @@ sequence). A random tiny model earns about 0.5 per turn; a policy gradient raise
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from agent_r1.envs.base import AgentEnv
 from agent_r1.types import Action, Observation, StepResult, Task
 
@@ -47,3 +49,18 @@ class LowByteEnv(AgentEnv):
 
 def tasks(n: int, offset: int = 0) -> list[dict]:
     return [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(offset, offset + n)]
+
+
+@dataclass(frozen=True)
+class ReinforceObjective:
+    """A custom per-token objective (plain REINFORCE, ``-A * log pi``, with a stat of its own): what a
+    user passes as ``Trainer(objective=...)``. Defined in an importable module so that Ray workers can
+    unpickle it."""
+
+    scale: float = 1.0
+
+    def __call__(self, logprobs_K, entropy_K, tokens):
+        loss_K = -self.scale * tokens["advantages"] * logprobs_K * tokens["mask"]
+        live = tokens["mask"] > 0
+        mean_logprob = float((logprobs_K.detach() * live).sum() / live.sum().clamp(min=1))
+        return loss_K, {"custom/mean_logprob": mean_logprob}

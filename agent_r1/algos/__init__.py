@@ -29,6 +29,7 @@ from agent_r1.algos.kl import (
     kl_reward_penalty,
     register_kl_estimator,
 )
+from agent_r1.algos.objective import PolicyObjective, ValueObjective
 from agent_r1.algos.policy_losses import (
     POLICY_LOSSES,
     PolicyLossConfig,
@@ -46,7 +47,9 @@ __all__ = [
     "AdvantageConfig",
     "AdvantageOutput",
     "PolicyLossConfig",
+    "PolicyObjective",
     "StepTable",
+    "ValueObjective",
     "aggregate",
     "aggregation_weights",
     "clipped_value_loss",

@@ -59,27 +59,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_engine(args: argparse.Namespace):
-    if args.engine == "vllm":
-        from agent_r1.rollout.vllm_engine import VLLMEngine
+def build_engine(args: argparse.Namespace, tokenizer):
+    """The engine the arguments ask for, from the one engine factory (``agent_r1.rollout.factory``)."""
+    from agent_r1.rollout.factory import EngineUnavailable
+    from agent_r1.rollout.factory import build_engine as build
 
-        kwargs = {"dtype": args.dtype or "auto"}
+    if args.engine == "vllm":
+        kwargs = {}
         if args.max_context:
             kwargs["max_model_len"] = args.max_context
         if args.kv_cache_gib:
             kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_gib * 2**30)
-        return VLLMEngine(args.model, **kwargs)
-    import torch
-
-    from agent_r1.rollout.hf import HFEngine
-
-    return HFEngine.from_pretrained(
-        args.model,
-        dtype=getattr(torch, args.dtype) if args.dtype else None,
-        device=args.device,
-        max_batch_size=args.max_batch_size,
-        max_context=args.max_context,
-    )
+    else:
+        kwargs = {
+            "max_batch_size": args.max_batch_size,
+            "device": args.device,
+            "max_context": args.max_context,
+        }
+    try:
+        return build(args.engine, args.model, tokenizer=tokenizer, dtype=args.dtype, **kwargs)
+    except EngineUnavailable as e:
+        raise SystemExit(f"agent-r1 serve: --engine {args.engine}: {e}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.model).is_dir():
         raise SystemExit(f"agent-r1 serve: {args.model!r} is not a model folder")
     tokenizer = load_tokenizer(args.model, require_template=False)
-    engine = build_engine(args)
+    engine = build_engine(args, tokenizer)
     name = args.served_model_name or Path(args.model).resolve().name
     app = build_app(engine, model_name=name, tokenizer=tokenizer, api_key=api_key)
     auth = "API key required" if api_key else "no API key"

@@ -57,10 +57,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + (["logging.progress=false"] if args.quiet else [])
     try:
         config = load_config(args.config, overrides)
-        if config.distributed.backend == "ray":
-            from agent_r1.distributed.driver import RayTrainer as Trainer
-        else:
-            from agent_r1.train.trainer import Trainer
+        from agent_r1.train.trainer import Trainer
 
         trainer = Trainer(config, resume=args.resume, allow_config_change=args.allow_config_change)
     except (

@@ -1,16 +1,17 @@
-"""Scale-out on Ray (docs/distributed.md): rollout engine actors, a torch.distributed learner group and
-a driver that runs the single-process trainer's phases on them. The only package that imports Ray."""
+"""Scale-out on Ray (docs/distributed.md): rollout engine actors and a torch.distributed learner
+group, the Ray implementations of the trainer's rollout and learner backends. The only package that
+imports Ray; ``Trainer`` reaches it through ``distributed.backend: ray``."""
 
-from agent_r1.distributed.driver import RayTrainer, actor_runtime_env, train_on_ray
+from agent_r1.distributed.backends import absolute_paths, actor_runtime_env, ray_backends
 from agent_r1.distributed.learner_group import LearnerFailure, LearnerGroup
 from agent_r1.distributed.rollout_actor import RolloutFailure, RolloutPool
 
 __all__ = [
     "LearnerFailure",
     "LearnerGroup",
-    "RayTrainer",
     "RolloutFailure",
     "RolloutPool",
+    "absolute_paths",
     "actor_runtime_env",
-    "train_on_ray",
+    "ray_backends",
 ]

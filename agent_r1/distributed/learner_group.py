@@ -12,6 +12,10 @@ single-process ones.
 Exports and checkpoints are asked of every worker (FSDP2 gathers the shards collectively) and
 produced by rank 0. A worker that dies takes the run down cleanly: the driver kills the others and
 raises ``LearnerFailure`` (continue with ``--resume`` from the last checkpoint).
+
+``LearnerGroup`` is the Ray learner backend (``agent_r1.train.backends.LearnerBackend``): the
+objective of each update (a picklable per-token loss, e.g. ``agent_r1.algos.PolicyObjective`` or a
+user's own) travels to the workers with the mini-batch.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import timedelta
 
 import ray
@@ -27,12 +30,20 @@ import torch
 import torch.distributed as dist
 from ray.exceptions import RayActorError
 
+from agent_r1.train.backends import export_weights
 from agent_r1.train.batching import MicroBatch
+from agent_r1.train.builders import (
+    CRITIC_ESTIMATORS,
+    critic_learner,
+    critic_model_config,
+    load_config_tokenizer,
+    load_reference,
+    policy_learner,
+)
 from agent_r1.train.config import TrainConfig
-from agent_r1.train.learner import Learner, MiniBatch, load_policy
-from agent_r1.train.trainer import CRITIC_ESTIMATORS, Trainer, export_weights
+from agent_r1.train.learner import MiniBatch, TokenLoss, load_policy
 
-__all__ = ["CriticGroup", "LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
+__all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
@@ -53,7 +64,7 @@ def shard_micro_batches(micro_batches: Sequence[MicroBatch], shards: int) -> lis
 
 
 class LearnerWorker:
-    """One rank: builds its policy replica, Learner and token loss from the config."""
+    """One rank: builds its policy replica and Learner (and the critic's) from the config."""
 
     def __init__(self, config: TrainConfig, rank: int, world_size: int) -> None:
         self.config = config
@@ -70,7 +81,6 @@ class LearnerWorker:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master_addr: str, master_port: int) -> int:
-        from agent_r1.distributed.parts import TrainerParts, load_driver_tokenizer
         from agent_r1.distributed.strategy import make_strategy
 
         config = self.config
@@ -90,56 +100,35 @@ class LearnerWorker:
         self.strategy = make_strategy(
             config.distributed.strategy, model, device, lambda: load_policy(config.model)
         )
-        reference = None
-        if config.algorithm.kl_coef > 0 and not hasattr(model, "peft_config"):
-            reference = Trainer._load_reference(self).to(device)
-        trainer = config.trainer
-        self.learner = Learner(
-            model,
-            trainer,
-            temperature=config.rollout.temperature,
-            total_optimizer_steps=trainer.steps * trainer.ppo_epochs * trainer.mini_batches,
-            reference=reference,
-            sync=self.strategy,
-        )
+        reference = load_reference(config, model, device)
+        self.learner = policy_learner(config, model, reference=reference, sync=self.strategy)
         self.critic = None
         if config.algorithm.advantage in CRITIC_ESTIMATORS:
-            from agent_r1.train.critic import load_critic, micro_batch_values
+            from agent_r1.train.critic import load_critic
 
-            critic_config = replace(config.model, path=self._base_path())
+            critic_config = critic_model_config(config)
             critic_model = load_critic(critic_config)
             self.critic_strategy = make_strategy(
                 config.distributed.strategy, critic_model, device, lambda: load_critic(critic_config)
             )
-            self.critic = Learner(  # as Trainer builds its critic
-                critic_model,
-                replace(trainer, lr=trainer.critic_lr),
-                temperature=config.rollout.temperature,
-                total_optimizer_steps=trainer.steps * trainer.ppo_epochs * trainer.mini_batches,
-                forward=micro_batch_values,
-                sync=self.critic_strategy,
-            )
-        self.tokenizer = load_driver_tokenizer(config)
-        self.parts = TrainerParts(config, self.tokenizer)
+            self.critic = critic_learner(config, critic_model, sync=self.critic_strategy)
+        self.tokenizer = load_config_tokenizer(config)
         return self.rank
-
-    def _base_path(self) -> str:  # read by Trainer._load_reference
-        return self.config.model.path
 
     def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int, reference: bool) -> torch.Tensor:
         return self.learner.logprobs(micro_batches, num_tokens, reference=reference)
 
-    def update(self, mini_batch: MiniBatch, with_entropy: bool) -> dict[str, float]:
-        """``Learner.update`` over this rank's shard; the strategy makes every rank take the same step."""
-        return self.learner.update(mini_batch, self.parts.token_loss, with_entropy=with_entropy)
+    def update(self, mini_batch: MiniBatch, objective: TokenLoss, with_entropy: bool) -> dict[str, float]:
+        """``Learner.update`` over this rank's shard with the driver's ``objective``; the strategy makes
+        every rank take the same step."""
+        return self.learner.update(mini_batch, objective, with_entropy=with_entropy)
 
     def critic_values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
         return self.critic.logprobs(micro_batches, num_tokens)
 
-    def critic_update(self, mini_batch: MiniBatch, token_loss) -> dict[str, float]:
-        """The critic's ``Learner.update`` over this rank's shard (``token_loss``: the trainer's value
-        loss, shipped by Ray)."""
-        return self.critic.update(mini_batch, token_loss)
+    def critic_update(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict[str, float]:
+        """The critic's ``Learner.update`` over this rank's shard with the driver's value objective."""
+        return self.critic.update(mini_batch, objective)
 
     def export_weights(self) -> list[tuple[str, torch.Tensor]] | None:
         """The policy's weights under Hugging Face names (LoRA merged), on the CPU, for the engines
@@ -185,10 +174,13 @@ class LearnerWorker:
 
 
 class LearnerGroup:
-    """The driver's handle on the workers, with the ``Learner`` methods the trainer's phases call
-    (``logprobs``, ``update``)."""
+    """The driver's handle on the workers: the learner backend's methods, each run data-parallel.
 
-    def __init__(self, config: TrainConfig, runtime_env: dict | None = None) -> None:
+    ``owns_ray``: this group's ``close`` also stops the local Ray cluster (started for the run)."""
+
+    def __init__(
+        self, config: TrainConfig, runtime_env: dict | None = None, *, owns_ray: bool = False
+    ) -> None:
         dist = config.distributed
         remote = ray.remote(LearnerWorker).options(
             num_cpus=dist.learner_num_cpus,
@@ -196,6 +188,8 @@ class LearnerGroup:
             max_restarts=0,
             runtime_env=runtime_env,
         )
+        self.owns_ray = owns_ray
+        self.has_critic = config.algorithm.advantage in CRITIC_ESTIMATORS
         size = dist.num_learner_workers
         self.workers = [remote.remote(config, rank, size) for rank in range(size)]
         addr, port = self._get([self.workers[0].address.remote()])[0]
@@ -210,80 +204,66 @@ class LearnerGroup:
                 ray.get(done[0])
             except RayActorError as error:
                 rank = refs.index(done[0])  # calls go to workers in rank order (single calls: rank 0)
-                self.shutdown()
+                self._kill_workers()
                 raise LearnerFailure(
                     f"learner worker {rank} died ({type(error).__name__}); the run stops here. "
                     "Continue it from the last checkpoint with --resume."
                 ) from error
         return ray.get(refs)
 
-    def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int, *, reference: bool = False):
+    def _sharded(self, method: str, micro_batches: Sequence[MicroBatch], *args) -> list:
         shards = shard_micro_batches(micro_batches, len(self.workers))
-        parts = self._get(
-            [w.logprobs.remote(s, num_tokens, reference) for w, s in zip(self.workers, shards, strict=True)]
+        return self._get(
+            [getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shards, strict=True)]
         )
+
+    def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int, *, reference: bool = False):
+        parts = self._sharded("logprobs", micro_batches, num_tokens, reference)
         return torch.stack(parts).sum(0)  # shards score disjoint tokens; the rest are zeros
 
-    def update(self, mini_batch: MiniBatch, token_loss, *, with_entropy: bool = False) -> dict[str, float]:
-        """One data-parallel optimizer step. ``token_loss`` must be the trainer's own: each worker
-        computes it from the config (a bound method of the driver cannot travel)."""
-        if getattr(token_loss, "__func__", None) is not Trainer._token_loss:
-            raise TypeError(
-                "the Ray learner group computes Trainer._token_loss in each worker; got another loss"
-            )
+    def values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
+        parts = self._sharded("critic_values", micro_batches, num_tokens)
+        return torch.stack(parts).sum(0)
+
+    def _update(self, method: str, mini_batch: MiniBatch, *args) -> dict[str, float]:
         shards = shard_micro_batches(mini_batch.micro_batches, len(self.workers))
         results = self._get(
             [
-                w.update.remote(MiniBatch(s, mini_batch.weights, mini_batch.tokens), with_entropy)
+                getattr(w, method).remote(MiniBatch(s, mini_batch.weights, mini_batch.tokens), *args)
                 for w, s in zip(self.workers, shards, strict=True)
             ]
         )
         return results[0]
 
-    def critic(self) -> CriticGroup:
-        """The critic's ``Learner`` interface over the workers (each holds a critic beside its policy)."""
-        return CriticGroup(self)
+    def update(
+        self, mini_batch: MiniBatch, objective: TokenLoss, *, with_entropy: bool = False
+    ) -> dict[str, float]:
+        """One data-parallel optimizer step of the policy on ``objective``."""
+        return self._update("update", mini_batch, objective, with_entropy)
 
-    def export_weights_ref(self):
+    def update_critic(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict[str, float]:
+        return self._update("critic_update", mini_batch, objective)
+
+    def weights(self):
         """An object ref of rank 0's weights (handed to the rollout actors without a driver copy)."""
         refs = [w.export_weights.remote() for w in self.workers]
         self._get(refs)
         return refs[0]
 
-    def save_checkpoint(self, directory: str, step: int, trainer_state: dict) -> str:
-        return self._get([w.save_checkpoint.remote(directory, step, trainer_state) for w in self.workers])[0]
+    def save_checkpoint(self, directory, step: int, trainer_state: dict) -> str:
+        return self._get(
+            [w.save_checkpoint.remote(str(directory), step, trainer_state) for w in self.workers]
+        )[0]
 
-    def load_checkpoint(self, path: str) -> dict:
-        return self._get([w.load_checkpoint.remote(path) for w in self.workers])[0]
+    def load_checkpoint(self, path) -> dict:
+        return self._get([w.load_checkpoint.remote(str(path)) for w in self.workers])[0]
 
-    def shutdown(self) -> None:
+    def _kill_workers(self) -> None:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
 
-
-class CriticGroup:
-    """The critic's ``Learner`` methods the trainer's phases call (``logprobs`` for values, ``update``),
-    run data-parallel on the learner group's workers like the policy's."""
-
-    def __init__(self, group: LearnerGroup) -> None:
-        self.group = group
-
-    def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
-        workers = self.group.workers
-        shards = shard_micro_batches(micro_batches, len(workers))
-        parts = self.group._get(
-            [w.critic_values.remote(s, num_tokens) for w, s in zip(workers, shards, strict=True)]
-        )
-        return torch.stack(parts).sum(0)  # shards score disjoint tokens; the rest are zeros
-
-    def update(self, mini_batch: MiniBatch, token_loss, *, with_entropy: bool = False) -> dict[str, float]:
-        workers = self.group.workers
-        shards = shard_micro_batches(mini_batch.micro_batches, len(workers))
-        results = self.group._get(
-            [
-                w.critic_update.remote(MiniBatch(s, mini_batch.weights, mini_batch.tokens), token_loss)
-                for w, s in zip(workers, shards, strict=True)
-            ]
-        )
-        return results[0]
+    def close(self) -> None:
+        self._kill_workers()
+        if self.owns_ray and ray.is_initialized():
+            ray.shutdown()

@@ -6,7 +6,7 @@ single-process trainer), collects the trajectories as they finish, and when an a
 (``RayActorError``) it starts a new actor in that slot, gives it the current weights and re-queues
 exactly the samples that had not come back. Every ``(task, sample)`` is in the batch exactly once.
 
-Seeding: an actor seeds requests like ``agent_r1.train.trainer._SeededEngine`` with one counter per
+Seeding: an actor seeds requests with ``agent_r1.rollout.seeded.SeededEngine``, one counter per
 (step, task), so a Ray rollout samples the same trajectories as the single-process trainer whenever no
 two tasks of a step share a prompt. A re-queued sample gets a fresh seed base (``:retry<k>``): its
 siblings' seeds are not reused, so a restart never duplicates a trajectory.
@@ -52,25 +52,6 @@ class RolloutFailure(RuntimeError):
     """Rollout actors kept dying: more restarts in one rollout than ``distributed.max_actor_restarts``."""
 
 
-def build_engine(config: TrainConfig, tokenizer):
-    """The configured engine over the policy weights at ``model.path`` (frozen: it only samples)."""
-    dist = config.distributed
-    if dist.engine == "vllm":
-        from agent_r1.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(config.model.path, dtype=config.model.dtype, **dist.engine_kwargs)
-    from transformers import AutoModelForCausalLM
-
-    from agent_r1.rollout.hf import HFEngine
-    from agent_r1.train.learner import DTYPES
-
-    model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=DTYPES[config.model.dtype])
-    for p in model.parameters():
-        p.requires_grad_(False)
-    kwargs = {"max_batch_size": config.rollout.max_batch_size, "tokenizer": tokenizer, **dist.engine_kwargs}
-    return HFEngine(model.eval(), **kwargs)
-
-
 @dataclass
 class _GroupSeeds:
     """One group's seeded engine on an actor, and how many of its samples have started."""
@@ -100,19 +81,34 @@ class RolloutActor:
     and the configured train / eval flows, all built here from the config."""
 
     def __init__(self, config: TrainConfig, slot: int) -> None:
-        from agent_r1.distributed.parts import TrainerParts, load_driver_tokenizer
+        from agent_r1.rollout.factory import build_engine
+        from agent_r1.train.builders import (
+            agent_loop,
+            env_factory,
+            eval_sampling_params,
+            load_config_tokenizer,
+            sampling_params,
+        )
 
         if config.trainer.torch_threads:
             import torch
 
             torch.set_num_threads(config.trainer.torch_threads)
         self.slot = slot
-        tokenizer = load_driver_tokenizer(config)
-        parts = TrainerParts(config, tokenizer)
-        self.engine = build_engine(config, tokenizer)
-        env_factory = parts.env_factory()
-        self.flow = parts.loop(env_factory, parts.sampling)
-        self.eval_flow = parts.loop(env_factory, parts.eval_sampling)
+        tokenizer = load_config_tokenizer(config)
+        rollout = config.rollout
+        # The weights at model.path, frozen (the engine only samples; the learner pushes updates).
+        self.engine = build_engine(
+            rollout.engine,
+            config.model.path,
+            tokenizer=tokenizer,
+            dtype=config.model.dtype,
+            max_batch_size=rollout.max_batch_size,
+            **rollout.engine_kwargs,
+        )
+        make_env = env_factory(config, tokenizer)
+        self.flow = agent_loop(config, tokenizer, make_env, sampling_params(config))
+        self.eval_flow = agent_loop(config, tokenizer, make_env, eval_sampling_params(config))
         self.version = 0
         self.in_flight = 0
         self._groups: dict[tuple[str, int, int], _GroupSeeds] = {}
@@ -122,13 +118,13 @@ class RolloutActor:
         return self.slot
 
     def _engine_for(self, request: SampleRequest) -> _OrderedSample:
-        from agent_r1.train.trainer import _SeededEngine
+        from agent_r1.rollout.seeded import SeededEngine
 
         if request.seed_base != self._seed_base:
             self._seed_base, self._groups = request.seed_base, {}
         key = (request.seed_base, request.key.task_index, request.attempt)
         if key not in self._groups:
-            engine = _SeededEngine(self.engine)
+            engine = SeededEngine(self.engine)
             suffix = f":retry{request.attempt}" if request.attempt else ""
             engine.reseed(f"{request.seed_base}{suffix}")
             self._groups[key] = _GroupSeeds(engine)
@@ -177,7 +173,8 @@ class RolloutJob:
 
 
 class RolloutPool:
-    """The driver's handle on ``distributed.num_rollout_actors`` rollout actors."""
+    """The driver's handle on ``distributed.num_rollout_actors`` rollout actors: the Ray rollout
+    backend (``agent_r1.train.backends.RolloutBackend``)."""
 
     def __init__(self, config: TrainConfig, runtime_env: dict | None = None) -> None:
         dist = config.distributed
@@ -273,7 +270,16 @@ class RolloutPool:
         self._weights = (weights_ref, version)
         ray.get([a.update_weights.remote(weights_ref, version) for a in self.actors])
 
-    def shutdown(self) -> None:
+    def sleep(self) -> None:
+        """Nothing to free: each engine has its own devices (the learner trains elsewhere)."""
+
+    def wake(self) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {"rollout/actor_restarts": float(self.restarts)}
+
+    def close(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 __all__ = [
     "ModelNotFoundError",
     "NoChatTemplateError",
+    "load_frozen_model",
     "load_tokenizer",
     "model_not_found_as_error",
     "require_chat_template",
@@ -83,3 +84,26 @@ def require_chat_template(tokenizer: PreTrainedTokenizerBase, where: str = "the 
             "template. Use an instruct/chat model, or set `tokenizer.chat_template` (a Jinja string) "
             "before building the environment."
         )
+
+
+def load_frozen_model(
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+    key: str | None = "model.path",
+):
+    """A causal LM from ``path`` that only samples or scores: eval mode, no parameter needs a gradient
+    (an engine's own copy, the reference policy). ``dtype``: a torch dtype name, or ``"auto"`` (the
+    checkpoint's)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kernel = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    with model_not_found_as_error(path, key):
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), **kernel
+        )
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()

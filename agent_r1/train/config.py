@@ -105,6 +105,23 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = _opt("float32", "Parameter and compute dtype of the learner.")
     gradient_checkpointing: bool = _opt(False, "Recompute activations in the backward pass to save memory.")
     lora: LoraConfig = _opt(LoraConfig(), "LoRA adapter (peft).")
+    device: str = _opt(
+        "auto",
+        "Where the learner (policy, reference, critic) and an in-process HF engine run: 'auto' (the "
+        "first CUDA device when there is one, else the CPU), 'cpu', 'cuda' or 'cuda:N'. Ray learner "
+        "workers and rollout actors use the GPU Ray gives them.",
+        lambda x: (
+            None
+            if x in ("auto", "cpu", "cuda") or (x.startswith("cuda:") and x[5:].isdigit())
+            else f"must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {x!r}"
+        ),
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = _opt(
+        None,
+        "Attention kernel of the policy, reference and critic (Hugging Face's attn_implementation); "
+        "None keeps the model's default (sdpa). Prefix trees (trainer.share_prefixes) need a kernel "
+        "that takes a custom mask (sdpa, eager) and switch off under flash_attention_2.",
+    )
 
 
 @dataclass(frozen=True)
@@ -155,6 +172,17 @@ class RolloutConfig:
     )
     eval_temperature: float = _opt(0.0, "Temperature for evaluation rollouts (0 = greedy).", _non_negative)
     eval_n: int = _opt(1, "Samples per validation task.", _positive)
+    engine: Literal["hf", "vllm"] = _opt(
+        "hf",
+        "Rollout engine, in this process and in each Ray rollout actor alike: 'hf' (continuous "
+        "batching over the Hugging Face model; in one process it shares the learner's model) or "
+        "'vllm' (vLLM over model.path, weights pushed after every update).",
+    )
+    engine_kwargs: dict[str, Any] = _opt(
+        {},
+        "Extra keyword arguments for the engine: vLLM's (gpu_memory_utilization, max_model_len, "
+        "enable_sleep_mode: the engine sleeps during each update on one GPU, ...) or HFEngine's.",
+    )
 
 
 @dataclass(frozen=True)
@@ -278,8 +306,6 @@ class DistributedConfig:
     )
     num_rollout_actors: int = _opt(2, "Rollout engine actors (each holds one engine).", _positive)
     num_learner_workers: int = _opt(1, "torch.distributed learner workers (data parallel).", _positive)
-    engine: Literal["hf", "vllm"] = _opt("hf", "Rollout engine inside each actor.")
-    engine_kwargs: dict[str, Any] = _opt({}, "Extra keyword arguments for the engine (e.g. vLLM's).")
     mode: Literal["sync", "async"] = _opt(
         "sync",
         "'sync': roll out, then update (on-policy). 'async': the rollout of step k+1 overlaps the "
@@ -383,12 +409,29 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     raise TypeError(f"unsupported config annotation {tp!r} at {key}")
 
 
+MOVED_KEYS = {
+    "distributed.engine": "rollout.engine",
+    "distributed.engine_kwargs": "rollout.engine_kwargs",
+}
+"""Keys that moved: an old config that sets one gets an error saying where it went."""
+
+
+def _moved(dotted: str) -> None:
+    if dotted in MOVED_KEYS:
+        raise ConfigError(
+            dotted,
+            f"moved to '{MOVED_KEYS[dotted]}' (the engine is chosen the same way in one process and "
+            "on Ray): set that key instead",
+        )
+
+
 def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in fields(cls)}
     for key in data:
         if key not in known:
             dotted = f"{prefix}.{key}" if prefix else str(key)
+            _moved(dotted)
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(dotted, f"unknown key{hint}; known keys: {sorted(known)}")
@@ -437,6 +480,12 @@ def _check_cross_field(config: TrainConfig) -> None:
     if algo.resample_rounds and not algo.dynamic_filter:
         raise ConfigError(
             "algorithm.resample_rounds", "refills groups dropped by algorithm.dynamic_filter: set it"
+        )
+    if dist.mode == "async" and dist.backend != "ray":
+        raise ConfigError(
+            "distributed.mode",
+            "'async' overlaps rollout and update on separate Ray actors: it needs distributed.backend: "
+            "ray (in one process rollout and update run one after the other)",
         )
     if algo.resample_rounds and dist.mode == "async":
         raise ConfigError(
@@ -503,6 +552,7 @@ def _check_path(parts: list[str]) -> None:
             raise ConfigError(".".join(parts), f"'{'.'.join(parts[:i])}' is not a section")
         hints = typing.get_type_hints(cls)
         if part not in hints:
+            _moved(".".join(parts[: i + 1]))
             close = difflib.get_close_matches(part, hints, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(".".join(parts[: i + 1]), f"unknown key{hint}; known keys: {sorted(hints)}")

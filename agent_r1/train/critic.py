@@ -52,7 +52,8 @@ def load_critic(config: ModelConfig) -> ValueModel:
 
     from agent_r1.train.learner import DTYPES
 
-    body = AutoModel.from_pretrained(config.path, dtype=DTYPES[config.dtype])
+    kernel = {"attn_implementation": config.attn_implementation} if config.attn_implementation else {}
+    body = AutoModel.from_pretrained(config.path, dtype=DTYPES[config.dtype], **kernel)
     if config.gradient_checkpointing:
         body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return ValueModel(body, body.config.hidden_size).eval()

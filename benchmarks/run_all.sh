@@ -30,6 +30,7 @@ if ! "$PYTHON" -c "import trl" 2>/dev/null; then
 fi
 
 run layout.py "$@"
+run batch_phases.py "$@"
 run logprob_memory.py "$@"
 run rollout.py "$@"
 run vs_trl.py "${vs_trl_args[@]}" "$@"

@@ -199,11 +199,9 @@ def run_agent_r1(folder: Path, tasks: list[dict], args, run_dir: Path, overrides
         },
         "algorithm": {
             "advantage": "grpo",
-            "policy_loss": "ppo_clip",
+            "policy_loss": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28},
             "loss_aggregation": "token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.28,
-            "kl_coef": 0.0,
+            "kl": {"coef": 0.0},
         },
         "trainer": {
             "steps": args.iterations,

@@ -55,7 +55,7 @@ def test_grpo_normalises_by_group_mean_and_unbiased_std():
     s3 = math.sqrt(3.0)
     assert per_step(out, table) == pytest.approx([2 / s3, -1 / s3, -1 / s3, 0.0], abs=1e-5)
     assert out.advantages[0].tolist() == pytest.approx([2 / s3] * 2, abs=1e-5)  # broadcast to tokens
-    dr = compute_advantages(table, "grpo", AdvantageConfig(norm_by_std=False))  # Dr. GRPO
+    dr = compute_advantages(table, AdvantageConfig("grpo", norm_by_std=False))  # Dr. GRPO
     assert per_step(dr, table) == pytest.approx([2.0, -1.0, -1.0, 0.0])
 
 
@@ -64,7 +64,7 @@ def test_grpo_uses_discounted_trajectory_return_over_steps():
     a = Trajectory("task", (make_step([1]), make_step([1, 100, 5], reward=0.5)), outcome_reward=1.0)
     b = Trajectory("task", (make_step([1]),), outcome_reward=0.0)
     table = StepTable.from_groups([group(a, b)])
-    out = compute_advantages(table, "grpo", AdvantageConfig(gamma=0.5, norm_by_std=False))
+    out = compute_advantages(table, AdvantageConfig("grpo", gamma=0.5, norm_by_std=False))
     assert per_step(out, table) == pytest.approx([0.375, 0.375, -0.375])
     assert out.returns[:, 0].tolist() == pytest.approx([0.75, 1.5, 0.0])  # return-to-go per step
 
@@ -88,7 +88,7 @@ def test_reinforce_pp_discounts_over_steps():
     a = Trajectory("task", (make_step([1]), make_step([1, 100, 3])), outcome_reward=1.0)
     b = Trajectory("task", (make_step([2]),), outcome_reward=0.25)
     table = StepTable.from_groups([group(a, b)])
-    out = compute_advantages(table, "reinforce_pp", AdvantageConfig(gamma=0.5, norm_by_std=False))
+    out = compute_advantages(table, AdvantageConfig("reinforce_pp", gamma=0.5, norm_by_std=False))
     assert out.returns[:, 0].tolist() == pytest.approx([0.5, 1.0, 0.25])
     assert per_step(out, table) == pytest.approx([0.5 - 7 / 12, 1.0 - 7 / 12, 0.25 - 7 / 12])
 
@@ -108,10 +108,10 @@ def test_step_grpo_adds_anchor_state_advantages():
     b = Trajectory("task", (make_step([1]), make_step(second)), outcome_reward=0.0)
     c = Trajectory("task", (make_step([1]),), outcome_reward=0.0)
     table = StepTable.from_groups([group(a, b, c)])
-    out = compute_advantages(table, "step_grpo", AdvantageConfig(norm_by_std=False))
+    out = compute_advantages(table, AdvantageConfig("step_grpo", norm_by_std=False))
     # episode: 2/3, -1/3, -1/3; state [1]: returns 1, 0, 0 -> 2/3, -1/3, -1/3; state `second`: +1/2, -1/2
     assert per_step(out, table) == pytest.approx([4 / 3, 2 / 3 + 0.5, -2 / 3, -1 / 3 - 0.5, -2 / 3])
-    half = compute_advantages(table, "step_grpo", AdvantageConfig(norm_by_std=False, step_weight=0.5))
+    half = compute_advantages(table, AdvantageConfig("step_grpo", norm_by_std=False, step_weight=0.5))
     assert per_step(half, table) == pytest.approx([1.0, 2 / 3 + 0.25, -0.5, -1 / 3 - 0.25, -0.5])
 
 
@@ -119,7 +119,7 @@ def test_step_grpo_groups_by_state_key():
     a = Trajectory("task", (make_step([1], state_key="s"),), outcome_reward=1.0)
     b = Trajectory("task", (make_step([2], state_key="s"),), outcome_reward=0.0)
     table = StepTable.from_groups([group(a, b)])
-    out = compute_advantages(table, "step_grpo", AdvantageConfig(norm_by_std=False))
+    out = compute_advantages(table, AdvantageConfig("step_grpo", norm_by_std=False))
     assert per_step(out, table) == pytest.approx([1.0, -1.0])  # 0.5 episode + 0.5 step each
 
 
@@ -131,7 +131,7 @@ def test_gae_token_advances_only_over_action_tokens():
         [group(Trajectory("task", (s0, s1), outcome_reward=2.0))],
         token_values=[[0.5, 9.9, 0.2], [0.4]],
     )
-    out = compute_advantages(table, "gae_token", AdvantageConfig(gamma=0.9, lam=0.5))
+    out = compute_advantages(table, AdvantageConfig("gae_token", gamma=0.9, lam=0.5))
     # action values 0.5, 0.2, 0.4; rewards 0, 1, 2
     # d2 = 2 - 0.4 = 1.6;            A2 = 1.6
     # d1 = 1 + 0.9*0.4 - 0.2 = 1.16; A1 = 1.16 + 0.45*1.6 = 1.88
@@ -145,7 +145,7 @@ def test_gae_token_credits_token_rewards_in_place_and_untrained_step_rewards_bac
     s1 = make_step([1, 100, 101], 1, reward=3.0, mask=(0,))  # no trained token: reward goes to s0's last
     table = StepTable.from_groups([group(Trajectory("task", (s0, s1)))], token_values=[[0, 0], [0]])
     table = replace(table, token_rewards=torch.tensor([[-0.25, 0.0], [0.0, 0.0]]))
-    out = compute_advantages(table, "gae_token", AdvantageConfig(gamma=0.5, lam=1.0))
+    out = compute_advantages(table, AdvantageConfig("gae_token", gamma=0.5, lam=1.0))
     # rewards on action tokens: -0.25, 3 -> A1 = 3, A0 = -0.25 + 0.5 * 3
     assert_values(out.advantages, [[1.25, 3.0], [0.0, 0.0]])
 
@@ -156,7 +156,7 @@ def test_gae_step_uses_one_value_per_step():
     table = StepTable.from_groups(
         [group(Trajectory("task", (s0, s1), outcome_reward=2.0))], step_values=[0.5, 0.2]
     )
-    out = compute_advantages(table, "gae_step", AdvantageConfig(gamma=0.9, lam=0.5))
+    out = compute_advantages(table, AdvantageConfig("gae_step", gamma=0.9, lam=0.5))
     # d1 = 2 - 0.2 = 1.8; d0 = 1 + 0.9*0.2 - 0.5 = 0.68; A0 = 0.68 + 0.45*1.8 = 1.49
     assert_values(out.advantages, [[1.49, 1.49], [1.8, 0.0]])
     assert_values(out.returns, [[1.99, 1.99], [2.0, 0.0]])
@@ -167,7 +167,7 @@ def test_kl_reward_penalty_reaches_every_estimator_through_the_step_reward():
     penalised = kl_reward_penalty(table, beta=0.1, kind="k1")  # old_logprobs are -0.5 everywhere
     assert_values(penalised.token_rewards, [[-0.05, -0.05], [0.0, 0.0]])
     assert step_rewards(penalised).tolist() == pytest.approx([0.9, 1.0])
-    out = compute_advantages(penalised, "grpo", AdvantageConfig(norm_by_std=False))
+    out = compute_advantages(penalised, AdvantageConfig("grpo", norm_by_std=False))
     assert per_step(out, penalised) == pytest.approx([-0.05, 0.05])
 
 
@@ -226,7 +226,7 @@ def trajectory_advantages(out, table: StepTable) -> tuple[torch.Tensor, torch.Te
 @PROPERTY_SETTINGS
 @given(step_tables(), st.booleans())
 def test_grpo_advantages_sum_to_zero_within_each_group(table, norm_by_std):
-    out = compute_advantages(table, "grpo", AdvantageConfig(norm_by_std=norm_by_std))
+    out = compute_advantages(table, AdvantageConfig("grpo", norm_by_std=norm_by_std))
     adv, groups = trajectory_advantages(out, table)
     sums = torch.zeros(int(groups.max()) + 1).index_add_(0, groups, adv)
     assert sums.abs().max() < 1e-4
@@ -254,10 +254,10 @@ def test_gae_with_gamma_lambda_one_is_return_minus_value(table):
     cfg = AdvantageConfig(gamma=1.0, lam=1.0)
     mask = table.response_mask
     expected_token = (return_to_go(table)[:, None] - table.token_values) * mask
-    token = compute_advantages(table, "gae_token", cfg)
+    token = compute_advantages(table, replace(cfg, name="gae_token"))
     assert torch.allclose(token.advantages, expected_token, atol=1e-5)
     assert torch.allclose(token.returns, return_to_go(table)[:, None] * mask, atol=1e-5)
-    step = compute_advantages(table, "gae_step", cfg)
+    step = compute_advantages(table, replace(cfg, name="gae_step"))
     expected_step = (return_to_go(table) - table.step_values)[:, None] * mask
     assert torch.allclose(step.advantages, expected_step, atol=1e-5)
 
@@ -279,8 +279,8 @@ UNIT = st.floats(0.0, 1.0)
 @given(step_tables(), UNIT, UNIT)
 def test_gae_estimators_match_a_naive_loop_over_each_trajectory(table, gamma, lam):
     cfg = AdvantageConfig(gamma=gamma, lam=lam)
-    token = compute_advantages(table, "gae_token", cfg).advantages
-    step = compute_advantages(table, "gae_step", cfg).advantages
+    token = compute_advantages(table, replace(cfg, name="gae_token")).advantages
+    step = compute_advantages(table, replace(cfg, name="gae_step")).advantages
     rewards = step_rewards(table)
     for traj in table.traj_index.unique():
         rows = [int(r) for r in table.sorted_rows() if table.traj_index[r] == traj]
@@ -304,8 +304,8 @@ def test_no_estimator_depends_on_row_order(table, rnd):
     shuffled = table.select(perm)
     cfg = AdvantageConfig(gamma=0.9, lam=0.8)
     for name in ADVANTAGE_ESTIMATORS:
-        out = compute_advantages(table, name, cfg)
-        out_shuffled = compute_advantages(shuffled, name, cfg)
+        out = compute_advantages(table, replace(cfg, name=name))
+        out_shuffled = compute_advantages(shuffled, replace(cfg, name=name))
         assert torch.allclose(out.advantages[perm], out_shuffled.advantages, atol=1e-5), name
         assert torch.allclose(out.returns[perm], out_shuffled.returns, atol=1e-5), name
 
@@ -315,7 +315,7 @@ def test_no_estimator_depends_on_row_order(table, rnd):
 def test_zero_variance_groups_give_exactly_zero_advantages(table, norm_by_std):
     cfg = AdvantageConfig(norm_by_std=norm_by_std)
     for name in ("grpo", "rloo", "step_grpo", "reinforce_pp_baseline"):
-        out = compute_advantages(table, name, cfg)
+        out = compute_advantages(table, replace(cfg, name=name))
         assert not out.advantages.isnan().any(), name
         assert (out.advantages == 0).all(), name
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_r1.algos import LOSS_AGGREGATIONS, aggregate, aggregation_weights, microbatch_weights
+from agent_r1.algos import LOSS_AGGREGATIONS, aggregate, aggregation_weights
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
@@ -97,17 +97,10 @@ def test_micro_batch_losses_add_up_to_the_full_batch_loss(batch, mode, equal):
     loss, mask, steps, trajectories, cut = batch
     kw = {"norm_len": 6, "equal_trajectory_weight": equal}
     full = aggregate(loss, mask, mode, seq_ids=steps, traj_ids=trajectories, **kw)
-    weights = microbatch_weights(
-        [mask[:cut], mask[cut:]],
-        mode,
-        seq_ids=[steps[:cut], steps[cut:]],
-        traj_ids=[trajectories[:cut], trajectories[cut:]],
-        **kw,
-    )
-    pieces = (weights[0] * loss[:cut]).sum() + (weights[1] * loss[cut:]).sum()
+    # As the learner does: weights over the whole mini-batch, split with its micro-batches' tokens.
+    whole = aggregation_weights(mask, mode, seq_ids=steps, traj_ids=trajectories, **kw).to(loss.dtype)
+    pieces = (whole[:cut] * loss[:cut]).sum() + (whole[cut:] * loss[cut:]).sum()
     assert torch.allclose(pieces, full, atol=1e-6)
-    whole = aggregation_weights(mask, mode, seq_ids=steps, traj_ids=trajectories, **kw)
-    assert torch.allclose(torch.cat(weights), whole.to(weights[0].dtype))
     assert (whole[mask == 0] == 0).all()
     if mode in ("token-mean", "seq-mean-token-mean") and mask.any():
         assert whole.sum().item() == pytest.approx(1.0, abs=1e-5)  # the mean modes are averages
@@ -130,6 +123,9 @@ def test_aggregation_does_not_depend_on_token_order(batch, mode, rnd):
     assert torch.allclose(a, b)
 
 
-def test_microbatch_weights_without_seq_ids_treat_each_row_as_a_sequence():
-    weights = microbatch_weights([MASK[:1], MASK[1:]], "seq-mean-token-mean")
-    assert torch.allclose(torch.cat(weights), aggregation_weights(MASK, "seq-mean-token-mean"))
+def test_without_seq_ids_each_row_is_a_sequence():
+    rows = torch.arange(MASK.shape[0])[:, None].expand(MASK.shape)
+    assert torch.allclose(
+        aggregation_weights(MASK, "seq-mean-token-mean"),
+        aggregation_weights(MASK, "seq-mean-token-mean", seq_ids=rows),
+    )

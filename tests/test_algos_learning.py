@@ -53,7 +53,7 @@ def train(estimator: str, loss_name: str, iterations: int = 15) -> torch.Tensor:
     for _ in range(iterations):
         groups = rollout_groups(logits_SA, generator)
         table = StepTable.from_groups(groups)
-        out = compute_advantages(table, estimator, AdvantageConfig())
+        out = compute_advantages(table, AdvantageConfig(estimator))
         actions_N1 = torch.tensor(
             [[s.response_ids[0]] for g in groups for t in g.trajectories for s in t.steps]
         )

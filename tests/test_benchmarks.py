@@ -59,6 +59,13 @@ def test_layout_quick():
         assert all(is_number(c) for c in table_row(out, label)[1:])
 
 
+def test_batch_phases_quick():
+    out = run_script("batch_phases.py", "--quick")
+    for phase in ("prepare", "advantage", "update", "total"):
+        row = next(line.split() for line in out.splitlines() if line.startswith(phase))
+        assert is_number(row[1]), row
+
+
 def test_logprob_memory_quick():
     out = run_script("logprob_memory.py", "--quick")
     assert table_row(out, "(a) full logits")[2] == "1.00"
@@ -148,7 +155,15 @@ def test_run_all_runs_every_script_in_order(tmp_path):
     assert proc.returncode == 0, proc.stderr
     calls = [line.split() for line in log.read_text().splitlines() if not line.startswith("-c")]
     scripts = [Path(c[0]).name for c in calls]
-    expected = ["layout.py", "logprob_memory.py", "rollout.py", "vs_trl.py", "multiturn.py", "serve_load.py"]
+    expected = [
+        "layout.py",
+        "batch_phases.py",
+        "logprob_memory.py",
+        "rollout.py",
+        "vs_trl.py",
+        "multiturn.py",
+        "serve_load.py",
+    ]
     assert scripts == [s for s in expected if (BENCHMARKS / s).exists()], scripts
     assert all("--quick" in c for c in calls), calls
     assert "--skip-trl" in calls[scripts.index("vs_trl.py")]  # the stand-in has no trl

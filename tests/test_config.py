@@ -27,7 +27,7 @@ def test_yaml_and_overrides_build_the_typed_tree(tmp_path):
         path,
         [
             "trainer.steps=7",
-            "algorithm.kl_coef=0.01",
+            "algorithm.kl.coef=0.01",
             "env.kwargs.turns=3",
             "model.lora.target_modules=[q_proj, v_proj]",
             "data.val=null",
@@ -37,7 +37,7 @@ def test_yaml_and_overrides_build_the_typed_tree(tmp_path):
     assert config.model.path == "m" and config.model.lora.rank == 8
     assert config.trainer.steps == 7
     assert config.trainer.lr == 1.0 and isinstance(config.trainer.lr, float)  # int -> float
-    assert config.algorithm.kl_coef == 0.01
+    assert config.algorithm.kl.coef == 0.01
     assert config.env.kwargs == {"turns": 3}
     assert config.model.lora.target_modules == ["q_proj", "v_proj"]
     assert config.data.val is None
@@ -45,10 +45,11 @@ def test_yaml_and_overrides_build_the_typed_tree(tmp_path):
 
 def test_defaults_follow_the_papers():
     config = config_from_dict({})
-    assert config.algorithm.advantage == "grpo" and config.algorithm.policy_loss == "ppo_clip"
-    assert config.algorithm.kl_coef == 0.0  # DAPO / Dr. GRPO: no KL term, no reference model
-    assert (config.algorithm.clip_low, config.algorithm.clip_high) == (0.2, 0.28)  # DAPO clip-higher
-    assert config.algorithm.loss_aggregation == "token-mean"
+    algo = config.algorithm
+    assert algo.advantage.name == "grpo" and algo.policy_loss.name == "ppo_clip"
+    assert algo.kl.coef == 0.0  # DAPO / Dr. GRPO: no KL term, no reference model
+    assert (algo.policy_loss.clip_low, algo.policy_loss.clip_high) == (0.2, 0.28)  # DAPO clip-higher
+    assert algo.loss_aggregation.name == "token-mean"
 
 
 def test_resolved_config_round_trips(tmp_path):
@@ -70,8 +71,11 @@ def test_resolved_config_round_trips(tmp_path):
         (["logging.progress=maybe"], "logging.progress", "must be true or false"),
         (["rollout.top_p=0"], "rollout.top_p", "must be in (0, 1]"),
         (["rollout.n=1"], "rollout.n", "needs n >= 2"),
-        (["algorithm.advantage=ppo"], "algorithm.advantage", "grpo"),
-        (["algorithm.loss_aggregation=mean"], "algorithm.loss_aggregation", "token-mean"),
+        (["algorithm.advantage=ppo"], "algorithm.advantage.name", "grpo"),
+        (["algorithm.loss_aggregation=mean"], "algorithm.loss_aggregation.name", "token-mean"),
+        (["algorithm.clip_high=0.3"], "algorithm.clip_high", "moved to 'algorithm.policy_loss.clip_high'"),
+        (["algorithm.policy_loss.dual_clip=0.5"], "algorithm.policy_loss.dual_clip", "must be > 1"),
+        (["algorithm.kl.penalty=both"], "algorithm.kl.penalty", "must be one of ['loss', 'reward']"),
         (["trainer.steps"], "trainer.steps", "key.subkey=value"),
         (["trainer.steps.x=1"], "trainer.steps.x", "is not a section"),
     ],

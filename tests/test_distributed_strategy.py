@@ -90,7 +90,7 @@ def _mini_batch(seed: int, budget: int) -> MiniBatch:
     mask = torch.ones(n)
     tokens = {
         "mask": mask,
-        "seq_ids": seq_ids,
+        "step_ids": seq_ids,
         "sampler_logprobs": torch.full((n,), -5.0),
         "old_logprobs": torch.full((n,), -5.6),  # some ratios leave the clip range
         "advantages": torch.linspace(-1, 1, n),

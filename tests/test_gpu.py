@@ -49,7 +49,7 @@ def _device_types(module) -> set[str]:
 def test_every_model_and_the_engine_run_on_cuda(tiny_checkpoint, tmp_path):
     """``model.device: cuda`` places the policy, the reference (KL), the critic (GAE) and the HF
     engine's model on the GPU, and a whole step runs there."""
-    config = _config(tiny_checkpoint, tmp_path, algorithm={"kl_coef": 0.1, "advantage": "gae_token"})
+    config = _config(tiny_checkpoint, tmp_path, algorithm={"kl": {"coef": 0.1}, "advantage": "gae_token"})
     trainer = Trainer(config, train_tasks=tasks(4))
     learner = trainer.learner
     assert _device_types(trainer.model) == {"cuda"}

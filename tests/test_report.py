@@ -199,7 +199,7 @@ def make_run_dir(root: Path, tokenizer, *, train_steps: int = 8, dump_every: int
     (run / "trajectories").mkdir(parents=True)
     (run / "tb").mkdir()
     (run / "config.yaml").write_text(
-        "model:\n  path: tiny\nalgorithm:\n  advantage: grpo\n  kl_coef: 0.001\nrollout:\n  n: 5\n  max_steps: 4\n"
+        "model:\n  path: tiny\nalgorithm:\n  advantage: grpo\n  kl:\n    coef: 0.001\nrollout:\n  n: 5\n  max_steps: 4\n"
     )
     t0 = 1_760_000_000.0
     with open(run / "metrics.jsonl", "w") as f:

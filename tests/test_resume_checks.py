@@ -127,7 +127,7 @@ def test_resume_with_a_changed_config_is_refused_and_allowed_on_request(tmp_path
     assert main(["train", str(config), *changed, "--resume"]) == 2
     out = capsys.readouterr().out
     assert "the config differs from the one this run was started with" in out
-    assert "algorithm.advantage: 'grpo' → 'rloo'" in out
+    assert "algorithm.advantage.name: 'grpo' → 'rloo'" in out
     assert "trainer.lr: 0.003 → 0.001" in out
     assert "trainer.tasks_per_step: 2 → 1" in out
     assert "--allow-config-change" in out
@@ -155,7 +155,7 @@ def test_resume_with_a_changed_config_is_refused_and_allowed_on_request(tmp_path
         == 0
     )
     resumed_with = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert resumed_with["trainer"]["lr"] == 0.001 and resumed_with["algorithm"]["advantage"] == "rloo"
+    assert resumed_with["trainer"]["lr"] == 0.001 and resumed_with["algorithm"]["advantage"]["name"] == "rloo"
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5]
 

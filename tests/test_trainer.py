@@ -203,7 +203,7 @@ def test_kl_to_a_reference_model_is_reported(tiny_checkpoint, tmp_path):
     config = _config(
         tiny_checkpoint,
         tmp_path,
-        algorithm={"kl_coef": 0.1},
+        algorithm={"kl": {"coef": 0.1}},
         rollout={"n": 2},
         trainer={"steps": 2, "tasks_per_step": 2, "eval_every": 0, "checkpoint_every": 0, "mini_batches": 1},
         logging={"tensorboard": False, "dump_trajectories": False},
@@ -227,7 +227,7 @@ def test_critic_estimators_train_a_value_head_and_resume_it(tiny_checkpoint, tmp
     config = _config(
         tiny_checkpoint,
         tmp_path,
-        algorithm={"advantage": estimator, "gamma": 0.9, "lam": 0.95},
+        algorithm={"advantage": {"name": estimator, "gamma": 0.9, "lam": 0.95}},
         rollout={"n": 2},
         trainer={
             "steps": 2,

@@ -1,7 +1,10 @@
 """The optimisation layer of the step-level MDP: pure functions on tensors, selected by name.
 
 ``StepTable`` (one row per step) feeds the advantage estimators; the policy/value losses, KL
-estimators and aggregation modes work on per-token tensors of any shape. Nothing here imports a
+estimators and aggregation modes work on per-token tensors of any shape; ``PolicyObjective`` is the
+whole per-token objective the learner minimises. Each registry entry declares its ``Needs`` and each
+concept's options are one frozen dataclass (``AdvantageConfig``, ``PolicyLossConfig``, ``KLConfig``,
+``AggregationConfig``), which is also its section of the training config. Nothing here imports a
 model. See docs/algorithms.md for every estimator and loss with its formula and paper.
 """
 
@@ -15,15 +18,15 @@ from agent_r1.algos.advantages import (
 )
 from agent_r1.algos.aggregation import (
     LOSS_AGGREGATIONS,
+    AggregationConfig,
     aggregate,
     aggregation_weights,
     get_loss_aggregation,
-    microbatch_weights,
     register_aggregation,
 )
-from agent_r1.algos.entropy import entropy_from_logits
 from agent_r1.algos.kl import (
     KL_ESTIMATORS,
+    KLConfig,
     get_kl_estimator,
     kl_penalty,
     kl_reward_penalty,
@@ -36,6 +39,7 @@ from agent_r1.algos.policy_losses import (
     get_policy_loss,
     register_policy_loss,
 )
+from agent_r1.algos.registry import InvalidOption, Needs, Registry
 from agent_r1.algos.step_table import StepTable, step_rewards
 from agent_r1.algos.value_losses import clipped_value_loss
 
@@ -46,22 +50,25 @@ __all__ = [
     "POLICY_LOSSES",
     "AdvantageConfig",
     "AdvantageOutput",
+    "AggregationConfig",
+    "InvalidOption",
+    "KLConfig",
+    "Needs",
     "PolicyLossConfig",
     "PolicyObjective",
+    "Registry",
     "StepTable",
     "ValueObjective",
     "aggregate",
     "aggregation_weights",
     "clipped_value_loss",
     "compute_advantages",
-    "entropy_from_logits",
     "get_advantage_estimator",
     "get_kl_estimator",
     "get_loss_aggregation",
     "get_policy_loss",
     "kl_penalty",
     "kl_reward_penalty",
-    "microbatch_weights",
     "register_advantage",
     "register_aggregation",
     "register_kl_estimator",

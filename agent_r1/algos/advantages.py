@@ -1,8 +1,9 @@
 """Advantage estimators: credit per token, per step or per trajectory, chosen by name.
 
 Every estimator is ``fn(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput`` and is registered
-in ``ADVANTAGE_ESTIMATORS``. Both outputs are (N, L) like ``table.response_mask`` and are zero wherever
-the mask is zero. Rewards are read through ``step_rewards`` (each reward counted once; see
+in ``ADVANTAGE_ESTIMATORS`` with what it needs (``Needs``: a critic and at which level, a minimum group
+size); ``AdvantageConfig`` is also the ``algorithm.advantage`` section of the training config. Both
+outputs are (N, L) like ``table.response_mask`` and are zero wherever the mask is zero. Rewards are read through ``step_rewards`` (each reward counted once; see
 ``agent_r1.algos.step_table``). No estimator depends on the order of the table's rows.
 
 Notation: trajectory i has steps k = 0..K_i-1 with rewards R_k (``step_rewards``); the per-step
@@ -10,14 +11,14 @@ discounted return-to-go is G_k = sum_{j >= k} gamma^(j-k) R_j ("gamma over steps
 return is G_0. With the default gamma = 1 (common practice in LLM RL: episodes are short and the
 outcome reward is what matters) G_0 is ``Trajectory.total_reward``.
 
-| name | credit | needs |
+| name | credit | needs (declared) |
 |---|---|---|
-| ``gae_token`` | per token: GAE over the action tokens of the whole trajectory | ``token_values`` |
-| ``gae_step`` | per step: GAE over steps, one value per step | ``step_values`` |
-| ``grpo`` | per trajectory: G_0 normalised within its group | |
-| ``rloo`` | per trajectory: G_0 minus the mean of the group's other returns | |
+| ``gae_token`` | per token: GAE over the action tokens of the whole trajectory | critic="token" |
+| ``gae_step`` | per step: GAE over steps, one value per step | critic="step" |
+| ``grpo`` | per trajectory: G_0 normalised within its group | min_group_size=2 |
+| ``rloo`` | per trajectory: G_0 minus the mean of the group's other returns | min_group_size=2 |
 | ``reinforce_pp`` | per step: G_k, normalised over the batch | |
-| ``reinforce_pp_baseline`` | per step: group mean subtracted first, then as ``reinforce_pp`` | |
+| ``reinforce_pp_baseline`` | per step: group mean subtracted first, then as ``reinforce_pp`` | min_group_size=2 |
 | ``step_grpo`` | per step: trajectory advantage + step advantage within anchor states (GiGPO) | |
 """
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_r1.algos.registry import lookup, registrar
+from agent_r1.algos.registry import InvalidOption, Registry
 from agent_r1.algos.step_table import StepTable, step_rewards
 
 __all__ = [
@@ -45,8 +46,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """Settings shared by the advantage estimators (each field documented once, here).
+    """Settings shared by the advantage estimators (each field documented once, here); the
+    ``algorithm.advantage`` config section (``algorithm.advantage: grpo`` is short for ``{name: grpo}``).
 
+    name: the registered estimator (``ADVANTAGE_ESTIMATORS``). Default ``grpo`` (Shao et al. 2024).
     gamma: discount. Over steps for ``gae_step`` and the Monte-Carlo estimators (``grpo``, ``rloo``,
         ``reinforce_pp*``, ``step_grpo``); over action tokens for ``gae_token``. Default 1.0 as is
         common practice for LLM RL (PPO for RLHF, GRPO, REINFORCE++ all use 1.0); GiGPO uses 0.95.
@@ -57,21 +60,25 @@ class AdvantageConfig:
     eps: added to the standard deviation before dividing.
     step_weight: omega, weight of the step-level (anchor-state) advantage in ``step_grpo``
         (GiGPO: A = A_episode + omega * A_step; the paper uses 1.0).
+    whiten: after estimation, whiten the advantages over the batch's trained tokens,
+        (A - mean) / (std + eps) (PPO implementations' advantage normalisation). Default False.
     """
 
+    name: str = "grpo"
     gamma: float = 1.0
     lam: float = 1.0
     norm_by_std: bool = True
     eps: float = 1e-6
     step_weight: float = 1.0
+    whiten: bool = False
 
     def __post_init__(self) -> None:
         for name in ("gamma", "lam"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
-                raise ValueError(f"AdvantageConfig.{name} must be in [0, 1], got {value}")
+                raise InvalidOption("AdvantageConfig", name, f"must be in [0, 1], got {value}")
         if self.eps <= 0:
-            raise ValueError(f"AdvantageConfig.eps must be > 0, got {self.eps}")
+            raise InvalidOption("AdvantageConfig", "eps", f"must be > 0, got {self.eps}")
 
 
 @dataclass(frozen=True)
@@ -83,24 +90,34 @@ class AdvantageOutput:
 
 
 AdvantageEstimator = Callable[[StepTable, AdvantageConfig], AdvantageOutput]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
-register_advantage = registrar(ADVANTAGE_ESTIMATORS, "advantage estimator")
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+register_advantage = ADVANTAGE_ESTIMATORS.register
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    return lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+    return ADVANTAGE_ESTIMATORS.lookup(name)
 
 
-def compute_advantages(table: StepTable, name: str, cfg: AdvantageConfig | None = None) -> AdvantageOutput:
-    """Run the estimator registered as ``name`` (default config when ``cfg`` is None)."""
-    return get_advantage_estimator(name)(table, cfg or AdvantageConfig())
+def compute_advantages(table: StepTable, cfg: AdvantageConfig | str = "grpo") -> AdvantageOutput:
+    """Run the estimator ``cfg.name`` with ``cfg`` (a name alone means its default settings), then
+    whiten over the batch when ``cfg.whiten``."""
+    cfg = AdvantageConfig(name=cfg) if isinstance(cfg, str) else cfg
+    output = get_advantage_estimator(cfg.name)(table, cfg)
+    if not cfg.whiten:
+        return output
+    live_NL = table.response_mask > 0
+    values = output.advantages[live_NL]
+    if values.numel() < 2:
+        return output
+    whitened_NL = (output.advantages - values.mean()) / (values.std() + cfg.eps)
+    return AdvantageOutput(torch.where(live_NL, whitened_NL, 0.0), output.returns)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Estimators
 
 
-@register_advantage("gae_token")
+@register_advantage("gae_token", critic="token")
 def gae_token(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     """Token-level GAE across the steps of a trajectory (Schulman et al. 2016, arXiv 1506.02438).
 
@@ -144,7 +161,7 @@ def gae_token(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     return AdvantageOutput(advantages_NL, returns_NL)
 
 
-@register_advantage("gae_step")
+@register_advantage("gae_step", critic="step")
 def gae_step(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     """Step-level GAE: one value per step, the advantage broadcast to the step's tokens.
 
@@ -163,7 +180,7 @@ def gae_step(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     )
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", min_group_size=2)
 def grpo(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     """GRPO: A_i = (G_0^i - mean_group G_0) / (std_group G_0 + eps), broadcast to all of i's steps.
 
@@ -180,7 +197,7 @@ def grpo(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     )
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", min_group_size=2)
 def rloo(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     """RLOO: A_i = G_0^i - mean_{j != i in the group} G_0^j, broadcast to all of i's steps.
 
@@ -210,7 +227,7 @@ def reinforce_pp(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     return _reinforce_pp(table, cfg, step_rewards(table))
 
 
-@register_advantage("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline", min_group_size=2)
 def reinforce_pp_baseline(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
     """REINFORCE++-baseline: subtract the group mean of the trajectories' total rewards from each
     trajectory's last-step reward, then compute G_k and whiten as ``reinforce_pp``.

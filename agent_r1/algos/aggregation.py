@@ -30,33 +30,32 @@ and an all-masked batch aggregates to 0 (never NaN).
 **Micro-batches.** A mini-batch split into micro-batches (gradient accumulation) must use weights
 computed over the whole mini-batch, else e.g. token-mean over unequal micro-batches is biased:
 
-    weights = microbatch_weights([mb.mask for mb in mbs], mode, seq_ids=[mb.step_ids for mb in mbs], ...)
-    for mb, w in zip(mbs, weights):
-        (w * loss_fn(mb)).sum().backward()      # no division by the number of micro-batches
+    weights_X = aggregation_weights(mask_X, mode, seq_ids=step_ids_X, ...)   # the flat mini-batch
+    for mb in mbs:
+        (weights_X[mb.index] * loss_fn(mb)).sum().backward()   # no division by the number of micro-batches
 
-``aggregation_weights`` does the same for one tensor (then split it as the tokens are split). Ids
-must be unique across the whole mini-batch (e.g. StepTable row / trajectory indices). Under data
+Ids must be unique across the whole mini-batch (e.g. step row / trajectory indices). Under data
 parallelism whose all-reduce *averages* gradients over W ranks, compute the weights over the global
 mini-batch (all ranks' masks and ids) and multiply each rank's loss by W.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from agent_r1.algos.registry import lookup, registrar
+from agent_r1.algos.registry import InvalidOption, Registry
 
 __all__ = [
     "LOSS_AGGREGATIONS",
+    "AggregationConfig",
     "TokenCounts",
     "aggregate",
     "aggregation_weights",
     "get_loss_aggregation",
-    "microbatch_weights",
     "register_aggregation",
 ]
 
@@ -77,12 +76,36 @@ AggregationMode = Callable[[Tensor, TokenCounts, "float | None"], Tensor]
 """``fn(mask_X, counts, norm_len) -> weights_X`` within one scope; each scope's weights are then
 divided by the number of scopes."""
 
-LOSS_AGGREGATIONS: dict[str, AggregationMode] = {}
-register_aggregation = registrar(LOSS_AGGREGATIONS, "loss aggregation")
+LOSS_AGGREGATIONS: Registry[AggregationMode] = Registry("loss aggregation")
+register_aggregation = LOSS_AGGREGATIONS.register
 
 
 def get_loss_aggregation(name: str) -> AggregationMode:
-    return lookup(LOSS_AGGREGATIONS, "loss aggregation", name)
+    return LOSS_AGGREGATIONS.lookup(name)
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """How the trainer aggregates per-token losses (each field documented once, here); the
+    ``algorithm.loss_aggregation`` config section (``loss_aggregation: token-mean`` is short for
+    ``{name: token-mean}``). Sequences are steps (the trainer passes step ids).
+
+    name: the registered mode (``LOSS_AGGREGATIONS``). Default ``token-mean`` (DAPO's token-level loss).
+    equal_trajectory_weight: apply the mode within each trajectory, then average trajectories, so that
+        every trajectory weighs the same however many steps or tokens it has. Default False.
+    norm_len: the constant of ``seq-mean-token-sum-norm`` (Dr. GRPO). None (default) = the configured
+        maximum response length (``rollout.max_tokens``).
+    """
+
+    name: str = "token-mean"
+    equal_trajectory_weight: bool = False
+    norm_len: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.norm_len is not None and self.norm_len <= 0:
+            raise InvalidOption(
+                "AggregationConfig", "norm_len", f"must be > 0 (or null), got {self.norm_len}"
+            )
 
 
 @register_aggregation("token-mean")
@@ -179,42 +202,6 @@ def aggregate(
         equal_trajectory_weight=equal_trajectory_weight,
     ).to(loss_per_token.dtype)
     return torch.where(weights != 0, loss_per_token * weights, torch.zeros_like(loss_per_token)).sum()
-
-
-def microbatch_weights(
-    masks: Sequence[Tensor],
-    mode: str,
-    *,
-    seq_ids: Sequence[Tensor] | None = None,
-    traj_ids: Sequence[Tensor] | None = None,
-    norm_len: float | None = None,
-    equal_trajectory_weight: bool = False,
-) -> list[Tensor]:
-    """``aggregation_weights`` over several micro-batches at once (any shapes), split back per micro-batch.
-
-    ``sum_i (weights[i] * loss_i).sum()`` equals ``aggregate`` over the concatenated mini-batch.
-    Without ``seq_ids`` each row of each micro-batch is its own sequence.
-    """
-    if seq_ids is None:
-        seq_ids, start = [], 0
-        for mask in masks:
-            rows = mask[..., 0].numel()
-            ids = torch.arange(start, start + rows, device=mask.device).reshape(mask.shape[:-1])[..., None]
-            seq_ids.append(ids.expand(mask.shape))
-            start += rows
-    for name, ids in (("seq_ids", seq_ids), ("traj_ids", traj_ids)):
-        if ids is not None and len(ids) != len(masks):
-            raise ValueError(f"microbatch_weights: {len(masks)} masks but {len(ids)} {name}")
-    sizes = [m.numel() for m in masks]
-    weights_X = aggregation_weights(
-        torch.cat([m.reshape(-1) for m in masks]),
-        mode,
-        seq_ids=torch.cat([s.reshape(-1) for s in seq_ids]),
-        traj_ids=None if traj_ids is None else torch.cat([t.reshape(-1) for t in traj_ids]),
-        norm_len=norm_len,
-        equal_trajectory_weight=equal_trajectory_weight,
-    )
-    return [w.reshape(m.shape) for w, m in zip(weights_X.split(sizes), masks, strict=True)]
 
 
 def _sum_by(values: Tensor, ids: Tensor, size: int | None = None) -> Tensor:

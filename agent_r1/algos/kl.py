@@ -9,7 +9,7 @@ joschu.net/blog/kl-approx.html):
 | ``k2`` | x^2 / 2 | biased, low variance, always >= 0 |
 | ``k3`` | exp(-x) - 1 + x | unbiased, low variance, always >= 0 (GRPO's estimator, arXiv 2402.03300) |
 
-Two ways to use it (pick one; never both for the same beta):
+Two ways to use it (``KLConfig.penalty`` picks one; never both for the same beta):
 
 - **Loss term** (GRPO): ``loss = pg_loss + beta * aggregate(kl_penalty(logprobs, ref_logprobs, kind, mask=mask), ...)``
   with the learner's current ``logprobs``. On-policy, the gradient of the k2 term is the gradient of
@@ -29,25 +29,58 @@ cannot overflow the sum.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from agent_r1.algos.registry import lookup, registrar
+from agent_r1.algos.registry import InvalidOption, Registry
 from agent_r1.algos.step_table import StepTable
 
-__all__ = ["KL_ESTIMATORS", "get_kl_estimator", "kl_penalty", "kl_reward_penalty", "register_kl_estimator"]
+__all__ = [
+    "KL_ESTIMATORS",
+    "KLConfig",
+    "get_kl_estimator",
+    "kl_penalty",
+    "kl_reward_penalty",
+    "register_kl_estimator",
+]
 
 KLEstimator = Callable[[Tensor], Tensor]
 """``fn(log_ratio) -> per-token KL`` with log_ratio = log pi - log pi_ref."""
 
-KL_ESTIMATORS: dict[str, KLEstimator] = {}
-register_kl_estimator = registrar(KL_ESTIMATORS, "KL estimator")
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
+register_kl_estimator = KL_ESTIMATORS.register
 
 
 def get_kl_estimator(name: str) -> KLEstimator:
-    return lookup(KL_ESTIMATORS, "KL estimator", name)
+    return KL_ESTIMATORS.lookup(name)
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    """The KL regulariser to the reference policy (each field documented once, here); the
+    ``algorithm.kl`` config section.
+
+    coef: beta. Default 0: no KL and no reference model, as in DAPO (arXiv 2503.14476) and Dr. GRPO
+        (arXiv 2503.20783), which drop it for verifiable rewards; GRPO used 0.04. > 0 loads a reference
+        (with LoRA: the policy with its adapter disabled).
+    estimator: the registered estimator (``KL_ESTIMATORS``). Default ``k3`` (GRPO's, for the loss
+        term); ``k1`` is the usual choice for the reward penalty.
+    penalty: "loss" adds ``coef`` x KL to the per-token loss (GRPO); "reward" subtracts ``coef`` x KL
+        from each trained token's reward before the advantages (InstructGPT; ``kl_reward_penalty``).
+    """
+
+    coef: float = 0.0
+    estimator: str = "k3"
+    penalty: Literal["loss", "reward"] = "loss"
+
+    def __post_init__(self) -> None:
+        if self.coef < 0:
+            raise InvalidOption("KLConfig", "coef", f"must be >= 0, got {self.coef}")
+        if self.penalty not in ("loss", "reward"):
+            raise InvalidOption("KLConfig", "penalty", f"must be 'loss' or 'reward', got {self.penalty!r}")
 
 
 @register_kl_estimator("k1")

@@ -3,7 +3,7 @@
 A learner (in this process, or each worker of a Ray learner group) calls an objective as
 ``objective(outputs_K, entropy_K, tokens) -> (loss_K, stats)`` on a micro-batch's scored tokens, with
 the batch's per-token fields gathered to them (``tokens["old_logprobs"]``, ``tokens["advantages"]``,
-``tokens["mask"]``, ...). Because an objective is plain data plus a ``__call__``, it travels to remote
+``tokens["mask"]``, ``tokens["step_ids"]``, ``tokens["traj_ids"]``, ...). Because an objective is plain data plus a ``__call__``, it travels to remote
 workers as it is: any picklable callable of that signature — a custom one included — trains on Ray
 exactly as in one process.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_r1.algos.kl import kl_penalty
+from agent_r1.algos.kl import KLConfig, kl_penalty
 from agent_r1.algos.policy_losses import PolicyLossConfig, get_policy_loss
 from agent_r1.algos.value_losses import clipped_value_loss
 
@@ -25,36 +25,41 @@ __all__ = ["PolicyObjective", "ValueObjective"]
 
 @dataclass(frozen=True)
 class PolicyObjective:
-    """The registered policy loss ``policy_loss`` + ``kl_coef`` x KL to the reference (GRPO's KL loss
-    term, estimator ``kl_estimator``) - ``entropy_coef`` x entropy, on the live (mask > 0) tokens.
+    """The per-token policy objective: the registered policy loss ``loss.name`` (with ``loss``'s
+    settings) + ``kl.coef`` x KL to the reference (GRPO's KL loss term, estimator ``kl.estimator``;
+    only with ``kl.penalty: loss`` — the reward penalty is applied to the advantages instead)
+    - ``entropy_coef`` x entropy (the entropy bonus of Mnih et al. 2016, arXiv 1602.01783; LLM RL
+    usually keeps 0 and only logs the entropy), on the live (mask > 0) tokens.
 
     Without ``tokens["old_logprobs"]`` (one optimizer step per batch: the policy has not moved since
     the rollout) the old log-probs are the new ones, detached, so the first ratio is exactly 1."""
 
-    policy_loss: str = "ppo_clip"
-    loss_config: PolicyLossConfig = PolicyLossConfig()
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
+    loss: PolicyLossConfig = PolicyLossConfig()
+    kl: KLConfig = KLConfig()
     entropy_coef: float = 0.0
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl.coef > 0 and self.kl.penalty == "loss"
 
     def __call__(
         self, logprobs_K: Tensor, entropy_K: Tensor | None, tokens: Mapping[str, Tensor]
     ) -> tuple[Tensor, dict[str, float]]:
         old_logprobs_K = tokens["old_logprobs"] if "old_logprobs" in tokens else logprobs_K.detach()
-        loss_K, stats = get_policy_loss(self.policy_loss)(
+        loss_K, stats = get_policy_loss(self.loss.name)(
             logprobs_K,
             old_logprobs_K,
             tokens["advantages"],
             tokens["mask"],
-            self.loss_config,
-            seq_ids=tokens["seq_ids"],
+            self.loss,
+            seq_ids=tokens["step_ids"],
             sampler_logprobs=tokens["sampler_logprobs"],
         )
         live_K = tokens["mask"] > 0
         denom = live_K.sum().clamp(min=1)
-        if self.kl_coef > 0:
-            kl_K = kl_penalty(logprobs_K, tokens["ref_logprobs"], self.kl_estimator)
-            loss_K = loss_K + self.kl_coef * torch.where(live_K, kl_K, torch.zeros_like(kl_K))
+        if self.uses_reference:
+            kl_K = kl_penalty(logprobs_K, tokens["ref_logprobs"], self.kl.estimator)
+            loss_K = loss_K + self.kl.coef * torch.where(live_K, kl_K, torch.zeros_like(kl_K))
             stats["kl/mean"] = (kl_K.detach() * live_K).sum() / denom
         if entropy_K is not None:
             if self.entropy_coef > 0:
@@ -67,9 +72,10 @@ class PolicyObjective:
 
 @dataclass(frozen=True)
 class ValueObjective:
-    """PPO's clipped value loss of the critic's values against ``tokens["returns"]`` on the tokens of
-    ``tokens["value_mask"]`` (``clip``: the value clip range; None = unclipped)."""
+    """``coef`` x PPO's clipped value loss of the critic's values against ``tokens["returns"]`` on the
+    tokens of ``tokens["value_mask"]`` (``clip``: the value clip range; None = unclipped)."""
 
+    coef: float = 0.5
     clip: float | None = 0.2
 
     def __call__(
@@ -78,4 +84,4 @@ class ValueObjective:
         loss_K, stats = clipped_value_loss(
             values_K, tokens["old_values"], tokens["returns"], tokens["value_mask"], clip=self.clip
         )
-        return loss_K, {f"critic/{name}": float(v) for name, v in stats.items()}
+        return self.coef * loss_K, {f"critic/{name}": float(v) for name, v in stats.items()}

@@ -15,10 +15,10 @@ call's masked tokens (average them over micro-batches for logging).
   the sample came from pi_sampler, not pi_old. TIS (Yao et al. 2025, "Your efficient RL framework
   secretly brings you off-policy RL training", fengyao.notion.site/off-policy-rl) multiplies each
   token's loss by ``min(pi_old / pi_sampler, tis_cap)``, detached.
-- ``seq_ids``: which "sequence" each token belongs to, for ``gspo`` (see ``PolicyLossConfig.gspo_sequence``).
+- ``seq_ids``: which "sequence" (step) each token belongs to, for ``gspo``.
 
-Entropy bonus: ``loss = aggregate(pg_loss) - entropy_coef * aggregate(entropy_from_logits(logits))``
-(``agent_r1.algos.entropy``); KL to the reference: ``agent_r1.algos.kl``.
+The whole per-token objective (this loss + KL to the reference + the entropy bonus) is
+``agent_r1.algos.objective.PolicyObjective``; KL estimators: ``agent_r1.algos.kl``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_r1.algos.registry import lookup, registrar
+from agent_r1.algos.registry import InvalidOption, Registry
 
 __all__ = [
     "POLICY_LOSSES",
@@ -42,16 +42,17 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
-    """Settings of the policy losses (each field documented once, here).
+    """Settings of the policy losses (each field documented once, here); the ``algorithm.policy_loss``
+    config section (``algorithm.policy_loss: gspo`` is short for ``{name: gspo}``).
 
-    clip_low / clip_high: ``ppo_clip`` clips the ratio to [1 - clip_low, 1 + clip_high]. PPO's 0.2 both
-        (Schulman et al. 2017); DAPO's clip-higher raises clip_high to 0.28 (arXiv 2503.14476), opt-in.
+    name: the registered loss (``POLICY_LOSSES``). Default ``ppo_clip``.
+    clip_low / clip_high: ``ppo_clip`` clips the ratio to [1 - clip_low, 1 + clip_high]. PPO's 0.2
+        (Schulman et al. 2017) below; above, DAPO's clip-higher 0.28 (arXiv 2503.14476).
     dual_clip: c > 1 bounds the loss of negative-advantage tokens by -c * A (Ye et al. 2020,
         arXiv 1912.09729; c = 3 there). None (default) = off.
     gspo_clip_low / gspo_clip_high: ``gspo``'s sequence-ratio clip range (the GSPO paper's 3e-4 / 4e-4,
-        arXiv 2507.18071).
-    gspo_sequence: what ``gspo``'s "sequence" is, "step" (one response: the default) or "trajectory"
-        (all responses of an episode). The trainer passes matching ``seq_ids``.
+        arXiv 2507.18071). GSPO's "sequence" is one step (one response, the MDP action): the trainer
+        passes step ids.
     cispo_ratio_min / cispo_ratio_max: ``cispo`` clips its detached IS weight to [min, max]. MiniMax-M1
         (arXiv 2506.13585) leaves the low side open and tunes the high side; the defaults 0 / 4 are
         Tinker's (tinker-docs.thinkingmachines.ai/tinker/losses/cispo).
@@ -59,12 +60,12 @@ class PolicyLossConfig:
         (Yao et al. 2025 use C = 2). None (default) = off.
     """
 
+    name: str = "ppo_clip"
     clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_high: float = 0.28
     dual_clip: float | None = None
     gspo_clip_low: float = 3e-4
     gspo_clip_high: float = 4e-4
-    gspo_sequence: str = "step"
     cispo_ratio_min: float = 0.0
     cispo_ratio_max: float = 4.0
     tis_cap: float | None = None
@@ -72,32 +73,35 @@ class PolicyLossConfig:
     def __post_init__(self) -> None:
         for name in ("clip_low", "gspo_clip_low"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"PolicyLossConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+                raise InvalidOption("PolicyLossConfig", name, f"must be in [0, 1), got {getattr(self, name)}")
         for name in ("clip_high", "gspo_clip_high"):
             if getattr(self, name) < 0.0:
-                raise ValueError(f"PolicyLossConfig.{name} must be >= 0, got {getattr(self, name)}")
+                raise InvalidOption("PolicyLossConfig", name, f"must be >= 0, got {getattr(self, name)}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ValueError(f"PolicyLossConfig.dual_clip must be > 1 (or None), got {self.dual_clip}")
-        if self.gspo_sequence not in ("step", "trajectory"):
-            raise ValueError(
-                f"PolicyLossConfig.gspo_sequence must be 'step' or 'trajectory', got {self.gspo_sequence!r}"
+            raise InvalidOption(
+                "PolicyLossConfig", "dual_clip", f"must be > 1 (or null), got {self.dual_clip}"
             )
-        if not 0.0 <= self.cispo_ratio_min < self.cispo_ratio_max:
-            raise ValueError(
-                f"PolicyLossConfig needs 0 <= cispo_ratio_min < cispo_ratio_max, got "
-                f"{self.cispo_ratio_min}, {self.cispo_ratio_max}"
+        if self.cispo_ratio_min < 0.0:
+            raise InvalidOption(
+                "PolicyLossConfig", "cispo_ratio_min", f"must be >= 0, got {self.cispo_ratio_min}"
+            )
+        if self.cispo_ratio_max <= self.cispo_ratio_min:
+            raise InvalidOption(
+                "PolicyLossConfig",
+                "cispo_ratio_max",
+                f"must be > cispo_ratio_min ({self.cispo_ratio_min}), got {self.cispo_ratio_max}",
             )
         if self.tis_cap is not None and self.tis_cap <= 0.0:
-            raise ValueError(f"PolicyLossConfig.tis_cap must be > 0 (or None), got {self.tis_cap}")
+            raise InvalidOption("PolicyLossConfig", "tis_cap", f"must be > 0 (or null), got {self.tis_cap}")
 
 
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
-register_policy_loss = registrar(POLICY_LOSSES, "policy loss")
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
-    return lookup(POLICY_LOSSES, "policy loss", name)
+    return POLICY_LOSSES.lookup(name)
 
 
 @register_policy_loss("ppo_clip")
@@ -150,10 +154,11 @@ def gspo(
 
     s_it equals s_i in value and passes the sequence's gradient to each token; with an advantage
     constant over the sequence and ``seq-mean-token-mean`` aggregation it is exactly GSPO. Sequences
-    are named by ``seq_ids`` (steps or trajectories, ``cfg.gspo_sequence``); without them each row of
-    the leading dimensions is a sequence. s_i is computed from the tokens of this call, so all tokens
-    of a sequence must be in the same call (micro-batch): true for steps, which are never split; for
-    trajectory sequences keep each trajectory's steps in one micro-batch.
+    are named by ``seq_ids`` (the trainer passes step ids: one response is one sequence); without them
+    each row of the leading dimensions is a sequence. s_i is computed from the tokens of this call, so
+    all tokens of a sequence must be in the same call (micro-batch): true for steps, which are never
+    split across micro-batches. (Trajectory-level sequences would need every step of a trajectory in
+    one micro-batch, which packing does not guarantee, so they are not offered.)
     """
     live, log_ratio, adv = _inputs(logprobs, old_logprobs, advantages, mask)
     if seq_ids is None:
@@ -208,7 +213,7 @@ def cispo(
     return _finish(loss, live, old_logprobs, sampler_logprobs, cfg, metrics)
 
 
-@register_policy_loss("reinforce")
+@register_policy_loss("reinforce", single_update=True)
 def reinforce(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="key=value",
-        help="dotted overrides, e.g. trainer.steps=50 algorithm.kl_coef=0.01",
+        help="dotted overrides, e.g. trainer.steps=50 algorithm.kl.coef=0.01",
     )
     resume = parser.add_mutually_exclusive_group()
     resume.add_argument(

@@ -33,9 +33,9 @@ from ray.exceptions import RayActorError
 from agent_r1.train.backends import export_weights
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.builders import (
-    CRITIC_ESTIMATORS,
     critic_learner,
     critic_model_config,
+    estimator_needs,
     load_config_tokenizer,
     load_reference,
     policy_learner,
@@ -103,7 +103,7 @@ class LearnerWorker:
         reference = load_reference(config, model, device)
         self.learner = policy_learner(config, model, reference=reference, sync=self.strategy)
         self.critic = None
-        if config.algorithm.advantage in CRITIC_ESTIMATORS:
+        if estimator_needs(config).critic is not None:
             from agent_r1.train.critic import load_critic
 
             critic_config = critic_model_config(config)
@@ -189,7 +189,7 @@ class LearnerGroup:
             runtime_env=runtime_env,
         )
         self.owns_ray = owns_ray
-        self.has_critic = config.algorithm.advantage in CRITIC_ESTIMATORS
+        self.has_critic = estimator_needs(config).critic is not None
         size = dist.num_learner_workers
         self.workers = [remote.remote(config, rank, size) for rank in range(size)]
         addr, port = self._get([self.workers[0].address.remote()])[0]

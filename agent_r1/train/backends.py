@@ -345,16 +345,16 @@ def local_learner(config, tokenizer, model, device) -> LocalLearner:
     """The in-process learner backend: ``model``'s Learner (with the reference for the KL term) and,
     for estimators that read values, a critic."""
     from agent_r1.train.builders import (
-        CRITIC_ESTIMATORS,
         critic_learner,
         critic_model_config,
+        estimator_needs,
         load_reference,
         policy_learner,
     )
 
     policy = policy_learner(config, model, reference=load_reference(config, model, device))
     critic = None
-    if config.algorithm.advantage in CRITIC_ESTIMATORS:
+    if estimator_needs(config).critic is not None:
         from agent_r1.train.critic import load_critic
 
         critic = critic_learner(config, load_critic(critic_model_config(config)).to(device))

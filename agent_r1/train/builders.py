@@ -15,20 +15,20 @@ from typing import Any
 
 import torch
 
-from agent_r1.algos import PolicyLossConfig, PolicyObjective, ValueObjective
+from agent_r1.algos import ADVANTAGE_ESTIMATORS, Needs, PolicyObjective, ValueObjective
 from agent_r1.flows.base import AgentEnvLoop
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.learner import Learner
 from agent_r1.types import SamplingParams
 
 __all__ = [
-    "CRITIC_ESTIMATORS",
     "agent_loop",
     "base_path",
     "check_attention",
     "critic_learner",
     "critic_model_config",
     "env_factory",
+    "estimator_needs",
     "eval_sampling_params",
     "load_config_tokenizer",
     "load_reference",
@@ -39,8 +39,10 @@ __all__ = [
     "value_objective",
 ]
 
-CRITIC_ESTIMATORS = ("gae_token", "gae_step")
-"""Advantage estimators that read a learned value function (the trainer then trains a critic)."""
+
+def estimator_needs(config: TrainConfig) -> Needs:
+    """What the configured advantage estimator declared it needs (a critic, and at which level)."""
+    return ADVANTAGE_ESTIMATORS.needs(config.algorithm.advantage.name)
 
 
 def resolve_device(config: TrainConfig) -> torch.device:
@@ -158,18 +160,13 @@ def agent_loop(config: TrainConfig, tokenizer, make_env: Callable[[], Any], samp
 
 
 def policy_objective(config: TrainConfig) -> PolicyObjective:
+    """The configured per-token policy objective: the ``algorithm`` sections passed on unchanged."""
     algo = config.algorithm
-    return PolicyObjective(
-        policy_loss=algo.policy_loss,
-        loss_config=PolicyLossConfig(clip_low=algo.clip_low, clip_high=algo.clip_high, tis_cap=algo.tis_cap),
-        kl_coef=algo.kl_coef,
-        kl_estimator=algo.kl_estimator,
-        entropy_coef=algo.entropy_coef,
-    )
+    return PolicyObjective(loss=algo.policy_loss, kl=algo.kl, entropy_coef=algo.entropy_coef)
 
 
 def value_objective(config: TrainConfig) -> ValueObjective:
-    return ValueObjective(clip=config.algorithm.value_clip)
+    return ValueObjective(coef=config.algorithm.value_coef, clip=config.algorithm.value_clip)
 
 
 def base_path(config: TrainConfig) -> str:
@@ -184,9 +181,9 @@ def base_path(config: TrainConfig) -> str:
 
 
 def load_reference(config: TrainConfig, model, device: torch.device | None = None):
-    """The frozen reference policy for the KL term, or None: no KL (``algorithm.kl_coef: 0``), or LoRA
+    """The frozen reference policy for the KL term, or None: no KL (``algorithm.kl.coef: 0``), or LoRA
     (the reference is the policy with its adapter disabled, no second model)."""
-    if config.algorithm.kl_coef <= 0 or hasattr(model, "peft_config"):
+    if config.algorithm.kl.coef <= 0 or hasattr(model, "peft_config"):
         return None
     from agent_r1.models.loading import load_frozen_model
 

@@ -6,15 +6,20 @@ Load it from YAML with dotted command-line overrides::
 
 Every field is documented once, here (``metadata["doc"]``). An unknown key or an invalid value raises
 ``ConfigError`` naming the dotted key and the reason (with a "did you mean" for near-miss keys).
-Defaults follow the papers: GRPO advantages (Shao et al. 2024, arXiv 2402.03300) with the PPO clipped
-objective (Schulman et al. 2017) and DAPO's asymmetric clip range and token-level loss (Yu et al. 2025,
-arXiv 2503.14476); ``kl_coef = 0`` as in DAPO and Dr. GRPO (Liu et al. 2025, arXiv 2503.20783), which
-both drop the KL term for verifiable-reward training — so no reference model is loaded by default.
+The ``algorithm`` sections are the options dataclasses of ``agent_r1.algos`` themselves (documented
+there), so every option of every estimator, loss, KL estimator and aggregation is settable from YAML
+(``algorithm.policy_loss: {name: gspo, gspo_clip_high: 5e-4}``) and the command line
+(``algorithm.policy_loss.dual_clip=3``). Defaults follow the papers: GRPO advantages (Shao et al. 2024,
+arXiv 2402.03300) with the PPO clipped objective (Schulman et al. 2017) and DAPO's asymmetric clip
+range and token-level loss (Yu et al. 2025, arXiv 2503.14476); ``kl.coef = 0`` as in DAPO and Dr. GRPO
+(Liu et al. 2025, arXiv 2503.20783), which both drop the KL term for verifiable-reward training — so no
+reference model is loaded by default.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +29,20 @@ from typing import Any, Literal
 
 import yaml
 
+from agent_r1.algos import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    AdvantageConfig,
+    AggregationConfig,
+    InvalidOption,
+    KLConfig,
+    PolicyLossConfig,
+)
+
 __all__ = [
+    "MOVED_KEYS",
     "AlgorithmConfig",
     "ConfigError",
     "DataConfig",
@@ -197,24 +215,24 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    advantage: str = _opt("grpo", "Advantage estimator name (agent_r1.algos.ADVANTAGE_ESTIMATORS).")
-    policy_loss: str = _opt("ppo_clip", "Policy loss name (agent_r1.algos.POLICY_LOSSES).")
-    loss_aggregation: str = _opt(
-        "token-mean",
-        "How per-token losses become one scalar (agent_r1.algos.LOSS_AGGREGATIONS); DAPO's token-level mean.",
+    """Each algorithm concept is one section whose fields are documented once, in the dataclass of
+    ``agent_r1.algos`` that owns them and receives them unchanged; a bare name is short for
+    ``{name: ...}`` (``advantage: grpo``). Any registered name works, a custom one included."""
+
+    advantage: AdvantageConfig = _opt(
+        AdvantageConfig(), "Advantage estimator and its settings (agent_r1.algos.AdvantageConfig)."
     )
-    clip_low: float = _opt(0.2, "PPO lower clip: ratio >= 1 - clip_low.", _non_negative)
-    clip_high: float = _opt(0.28, "PPO upper clip: ratio <= 1 + clip_high (DAPO clip-higher).", _non_negative)
-    kl_coef: float = _opt(
-        0.0, "KL penalty weight against the reference policy; > 0 loads a reference.", _non_negative
+    policy_loss: PolicyLossConfig = _opt(
+        PolicyLossConfig(), "Policy loss and its settings (agent_r1.algos.PolicyLossConfig)."
     )
-    kl_estimator: str = _opt("k3", "KL estimator name (agent_r1.algos.KL_ESTIMATORS).")
+    loss_aggregation: AggregationConfig = _opt(
+        AggregationConfig(), "How per-token losses become one scalar (agent_r1.algos.AggregationConfig)."
+    )
+    kl: KLConfig = _opt(KLConfig(), "KL to the reference policy (agent_r1.algos.KLConfig).")
     entropy_coef: float = _opt(0.0, "Entropy bonus weight.", _non_negative)
-    gamma: float = _opt(1.0, "Discount factor (GAE and return-based estimators).", _unit_interval)
-    lam: float = _opt(1.0, "GAE lambda.", _unit_interval)
     value_coef: float = _opt(0.5, "Value loss weight (critic estimators only).", _non_negative)
     value_clip: float | None = _opt(
-        0.2, "Value clipping range (critic estimators only).", _optional(_non_negative)
+        0.2, "Value clipping range (critic estimators only); null = unclipped.", _optional(_positive)
     )
     dynamic_filter: bool = _opt(
         False, "DAPO dynamic sampling: drop groups whose rewards all agree (zero advantage, no gradient)."
@@ -230,16 +248,6 @@ class AlgorithmConfig:
         "Where PPO's old log-probs come from: the learner's recomputation before the update, or "
         "the sampler's own log-probs.",
     )
-    tis_cap: float | None = _opt(
-        None,
-        "Truncated importance sampling (Yao et al. 2025): weight each token "
-        "by min(pi_learner_old / pi_sampler, tis_cap); None disables it.",
-        _optional(_positive),
-    )
-    norm_by_std: bool = _opt(
-        True, "Divide group-centred advantages by the group's standard deviation (GRPO); False = Dr. GRPO."
-    )
-    normalize_advantages: bool = _opt(False, "Whiten advantages over the batch after estimation.")
 
 
 @dataclass(frozen=True)
@@ -352,6 +360,11 @@ class TrainConfig:
 # --- building and validating -------------------------------------------------------------------
 
 
+# PyYAML reads YAML 1.1, where a float needs a dot: `3e-4` arrives as the string "3e-4". Papers' clip
+# ranges are written exactly so, so a float field accepts that spelling.
+_YAML11_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(key: str, tp: Any, value: Any) -> Any:
     """Check ``value`` against the annotation ``tp`` (coercing int -> float and list -> list[...])."""
     origin = typing.get_origin(tp)
@@ -376,6 +389,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     if is_dataclass(tp):
         if isinstance(value, tp):
             return value
+        if isinstance(value, str) and _is_named(tp):
+            value = {"name": value}
         if not isinstance(value, Mapping):
             raise ConfigError(key, f"must be a mapping of {tp.__name__} fields, got {value!r}")
         return _build(tp, value, key)
@@ -397,6 +412,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             raise ConfigError(key, f"must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _YAML11_EXPONENT.fullmatch(value.strip()):
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, f"must be a number, got {value!r}")
         return float(value)
@@ -409,20 +426,28 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     raise TypeError(f"unsupported config annotation {tp!r} at {key}")
 
 
+_ENGINE_MOVED = "the engine is chosen the same way in one process and on Ray"
+_ALGORITHM_MOVED = "each algorithm option lives in the section of the concept it belongs to"
 MOVED_KEYS = {
-    "distributed.engine": "rollout.engine",
-    "distributed.engine_kwargs": "rollout.engine_kwargs",
+    "distributed.engine": ("rollout.engine", _ENGINE_MOVED),
+    "distributed.engine_kwargs": ("rollout.engine_kwargs", _ENGINE_MOVED),
+    "algorithm.clip_low": ("algorithm.policy_loss.clip_low", _ALGORITHM_MOVED),
+    "algorithm.clip_high": ("algorithm.policy_loss.clip_high", _ALGORITHM_MOVED),
+    "algorithm.tis_cap": ("algorithm.policy_loss.tis_cap", _ALGORITHM_MOVED),
+    "algorithm.gamma": ("algorithm.advantage.gamma", _ALGORITHM_MOVED),
+    "algorithm.lam": ("algorithm.advantage.lam", _ALGORITHM_MOVED),
+    "algorithm.norm_by_std": ("algorithm.advantage.norm_by_std", _ALGORITHM_MOVED),
+    "algorithm.normalize_advantages": ("algorithm.advantage.whiten", _ALGORITHM_MOVED),
+    "algorithm.kl_coef": ("algorithm.kl.coef", _ALGORITHM_MOVED),
+    "algorithm.kl_estimator": ("algorithm.kl.estimator", _ALGORITHM_MOVED),
 }
-"""Keys that moved: an old config that sets one gets an error saying where it went."""
+"""Keys that moved: an old config that sets one gets an error saying where it went, and why."""
 
 
 def _moved(dotted: str) -> None:
     if dotted in MOVED_KEYS:
-        raise ConfigError(
-            dotted,
-            f"moved to '{MOVED_KEYS[dotted]}' (the engine is chosen the same way in one process and "
-            "on Ray): set that key instead",
-        )
+        new, why = MOVED_KEYS[dotted]
+        raise ConfigError(dotted, f"moved to '{new}' ({why}): set that key instead")
 
 
 def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
@@ -449,7 +474,15 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
         if reason:
             raise ConfigError(dotted, reason)
         kwargs[name] = value
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except InvalidOption as error:
+        raise ConfigError(f"{prefix}.{error.field}" if prefix else error.field, error.why) from None
+
+
+def _is_named(cls: type) -> bool:
+    """A section selected by name (``{name: ..., <its options>}``), which a bare name stands for."""
+    return is_dataclass(cls) and any(f.name == "name" for f in fields(cls))
 
 
 def config_from_dict(data: Mapping[str, Any] | None = None) -> TrainConfig:
@@ -464,10 +497,8 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
 
 def _check_cross_field(config: TrainConfig) -> None:
-    if config.rollout.n == 1 and config.algorithm.advantage in ("grpo", "rloo"):
-        raise ConfigError(
-            "rollout.n", f"the '{config.algorithm.advantage}' baseline needs n >= 2 samples per task"
-        )
+    _check_registered_names(config)
+    _check_needs(config)
     if len(config.trainer.betas) != 2:
         raise ConfigError("trainer.betas", f"must hold two numbers, got {config.trainer.betas}")
     batch = config.trainer.tasks_per_step * config.rollout.n
@@ -491,32 +522,49 @@ def _check_cross_field(config: TrainConfig) -> None:
         raise ConfigError(
             "algorithm.resample_rounds", "not available with distributed.mode: async (its rollouts run ahead)"
         )
-    if dist.mode == "async" and algo.old_logprobs == "learner" and algo.tis_cap is None:
+    if dist.mode == "async" and algo.old_logprobs == "learner" and algo.policy_loss.tis_cap is None:
         raise ConfigError(
             "distributed.mode",
-            "async rollouts are sampled by an older policy: correct for it with algorithm.tis_cap "
-            "(importance weights against the sampler) or algorithm.old_logprobs: sampler",
+            "async rollouts are sampled by an older policy: correct for it with "
+            "algorithm.policy_loss.tis_cap (importance weights against the sampler) or "
+            "algorithm.old_logprobs: sampler",
         )
-    _check_registered_names(config)
 
 
 def _check_registered_names(config: TrainConfig) -> None:
     """Reject unknown algorithm names at load time, naming the key and the available choices."""
-    from agent_r1 import algos
-
+    algo = config.algorithm
     checks = (
-        ("algorithm.advantage", "ADVANTAGE_ESTIMATORS"),
-        ("algorithm.policy_loss", "POLICY_LOSSES"),
-        ("algorithm.loss_aggregation", "LOSS_AGGREGATIONS"),
-        ("algorithm.kl_estimator", "KL_ESTIMATORS"),
+        ("algorithm.advantage.name", algo.advantage.name, ADVANTAGE_ESTIMATORS),
+        ("algorithm.policy_loss.name", algo.policy_loss.name, POLICY_LOSSES),
+        ("algorithm.loss_aggregation.name", algo.loss_aggregation.name, LOSS_AGGREGATIONS),
+        ("algorithm.kl.estimator", algo.kl.estimator, KL_ESTIMATORS),
     )
-    for key, registry_name in checks:
-        registry = getattr(algos, registry_name, None)
-        if registry is None:  # the registry is not importable (e.g. a partial install)
-            continue
-        value = getattr(config.algorithm, key.split(".")[1])
+    for key, value, registry in checks:
         if value not in registry:
-            raise ConfigError(key, f"unknown name {value!r}; choose one of {sorted(registry)}")
+            raise ConfigError(key, f"unknown {registry.kind} {value!r}; choose one of {sorted(registry)}")
+
+
+def _check_needs(config: TrainConfig) -> None:
+    """What the chosen estimator and loss declared they need (``agent_r1.algos.Needs``), against the
+    rest of the config."""
+    algo, trainer = config.algorithm, config.trainer
+    estimator = ADVANTAGE_ESTIMATORS.needs(algo.advantage.name)
+    if config.rollout.n < estimator.min_group_size:
+        raise ConfigError(
+            "rollout.n",
+            f"the '{algo.advantage.name}' baseline needs n >= {estimator.min_group_size} samples per "
+            f"task, got {config.rollout.n}",
+        )
+    loss = POLICY_LOSSES.needs(algo.policy_loss.name)
+    updates = trainer.ppo_epochs * trainer.mini_batches
+    if loss.single_update and updates > 1:
+        raise ConfigError(
+            "algorithm.policy_loss.name",
+            f"'{algo.policy_loss.name}' is correct only on-policy (one optimizer step per rollout "
+            f"batch), but trainer.ppo_epochs x trainer.mini_batches = {updates}: set both to 1 or use a "
+            "ratio-based loss (ppo_clip, gspo, cispo)",
+        )
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -532,23 +580,31 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         except yaml.YAMLError as e:
             raise ConfigError(dotted, f"cannot parse value {raw!r}: {e}") from None
         parts = dotted.split(".")
-        _check_path(parts)
+        types_ = _check_path(parts)
         node = data
-        for part in parts[:-1]:
+        for part, tp in zip(parts[:-1], types_, strict=False):
+            if isinstance(node.get(part), str) and _is_named(tp):
+                node[part] = {"name": node[part]}  # `policy_loss: gspo` + `policy_loss.clip_low=...`
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(dotted, f"'{part}' is not a section")
-        node[parts[-1]] = value
+        last = parts[-1]
+        if isinstance(value, str) and isinstance(node.get(last), dict) and _is_named(types_[-1]):
+            node[last]["name"] = value  # a name keeps the section's other options
+        else:
+            node[last] = value
     return data
 
 
-def _check_path(parts: list[str]) -> None:
-    """Reject an override path that does not exist in the tree, before it is merged."""
+def _check_path(parts: list[str]) -> list[Any]:
+    """Reject an override path that does not exist in the tree, before it is merged; returns the
+    annotation at each part (fewer when the path enters a free-form mapping such as env.kwargs)."""
     cls: Any = TrainConfig
+    found: list[Any] = []
     for i, part in enumerate(parts):
         if not is_dataclass(cls):
             if typing.get_origin(cls) is dict:  # free-form mapping (env.kwargs)
-                return
+                return found + [Any] * (len(parts) - i)
             raise ConfigError(".".join(parts), f"'{'.'.join(parts[:i])}' is not a section")
         hints = typing.get_type_hints(cls)
         if part not in hints:
@@ -557,6 +613,8 @@ def _check_path(parts: list[str]) -> None:
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(".".join(parts[: i + 1]), f"unknown key{hint}; known keys: {sorted(hints)}")
         cls = hints[part]
+        found.append(cls)
+    return found
 
 
 def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -51,13 +51,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agent_r1.algos import AdvantageConfig, StepTable, aggregation_weights, compute_advantages
+from agent_r1.algos import StepTable, aggregation_weights, compute_advantages, kl_reward_penalty
 from agent_r1.envs.tool_env import tool_count_metrics
 from agent_r1.flows.base import AgentFlow
 from agent_r1.train.backends import local_learner, local_rollout
 from agent_r1.train.batching import (
+    MicroBatch,
     StepRows,
-    TrainSequence,
     attention_pair_cost,
     build_sequences,
     count_tokens,
@@ -67,6 +67,7 @@ from agent_r1.train.batching import (
 )
 from agent_r1.train.builders import (
     check_attention,
+    estimator_needs,
     load_config_tokenizer,
     policy_objective,
     resolve_device,
@@ -110,19 +111,42 @@ def trajectory_success(trajectory: Trajectory) -> bool:
 
 @dataclass(frozen=True)
 class StepBatch:
-    """A step's kept trajectories as training data (flat token order, see ``agent_r1.train.batching``)."""
+    """A step's kept trajectories as training data, built once per step by ``prepare``.
+
+    One flat token order (``agent_r1.train.batching``: step rows in order, each row's response tokens
+    in order) holds every per-token field; ``table`` is its padded one-row-per-step view (row n's
+    tokens are ``valid_NL[n]``), built in the same walk, so the two orders agree by construction. The
+    mini-batches are fixed for the step and packed once: ``micro_batches[j]`` are mini-batch j's, and
+    their union scores every token exactly once (the old, reference and value passes use it too)."""
 
     groups: list[TrajectoryGroup]
     trajectories: list[Trajectory]
     rows: StepRows
-    sequences: list[TrainSequence]
-    tokens: dict[str, Tensor]  # name -> (num_tokens,): mask, sampler_logprobs, old_logprobs, [ref_logprobs]
-    valid_NL: Tensor  # (N, L) bool: which padded entries of the StepTable are real tokens
+    table: StepTable
+    valid_NL: Tensor  # (N, L) bool: which padded entries of the table are real tokens
+    # name -> (num_tokens,): mask, sampler_logprobs, step_ids, traj_ids, group_ids, [old_logprobs,
+    # ref_logprobs, old_values, value_mask]
+    tokens: dict[str, Tensor]
+    mini_batch_trajectories: list[Tensor]  # j -> the trajectory ids (table.traj_index) of mini-batch j
+    micro_batches: list[list[MicroBatch]]  # j -> mini-batch j's micro-batches
+    train_tokens: int  # tokens the layout's forward passes process (a shared prefix counts once)
 
     def to_padded(self, flat: Tensor) -> Tensor:
         out_NL = torch.zeros(self.valid_NL.shape, dtype=flat.dtype)
         out_NL[self.valid_NL] = flat
         return out_NL
+
+    @property
+    def all_micro_batches(self) -> list[MicroBatch]:
+        return [mb for mini in self.micro_batches for mb in mini]
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """What the estimator returns, per token in the batch's flat order."""
+
+    advantages: Tensor  # (num_tokens,)
+    returns: Tensor  # (num_tokens,): the critic's value targets
 
 
 class _Timer:
@@ -239,9 +263,6 @@ class Trainer:
         self.reward_fn = reward_fn
         self.objective = objective or policy_objective(config)
         self.value_objective = value_objective(config)
-        self.advantage_config = AdvantageConfig(
-            gamma=config.algorithm.gamma, lam=config.algorithm.lam, norm_by_std=config.algorithm.norm_by_std
-        )
         self.model = None  # the policy, when it lives in this process
         if on_ray:
             from transformers import AutoConfig
@@ -366,16 +387,16 @@ class Trainer:
                 filter_metrics["filter/kept_groups"] = float(len(kept))
             metrics = {**self.rollout_metrics(groups), **filter_metrics, **self.staleness_metrics(groups)}
             self.check_health(groups, step)
-            advantages_NL = None
+            advantages = None
             batch = None
             if kept:
                 with timer("reference"):
-                    batch = self.prepare(kept)
+                    batch = self.prepare(kept, step)
                 with timer("advantage"):
-                    advantages_NL = self.advantages(batch)
+                    advantages = self.advantages(batch)
                 with timer("update"):
                     self.rollouts.sleep()  # one GPU: the engine frees its memory for the update
-                    metrics.update(self.update(batch, advantages_NL, step))
+                    metrics.update(self.update(batch, advantages, step))
                 with timer("sync"):
                     self.rollouts.wake()
                     self.sync_weights()
@@ -383,7 +404,7 @@ class Trainer:
                 metrics["update/skipped"] = 1.0
             metrics.update(self.rollouts.metrics())
         if self.config.logging.dump_trajectories and self.run_dir is not None:
-            self.run_dir.dump_trajectories(step, self.annotate(groups, batch, advantages_NL))
+            self.run_dir.dump_trajectories(step, self.annotate(groups, batch, advantages))
         metrics.update(timer.seconds)
         sampled = sum(t.num_response_tokens for g in groups for t in g.trajectories)
         metrics["throughput/tokens_per_s"] = sampled / max(timer.seconds["time/step"], 1e-9)
@@ -444,116 +465,145 @@ class Trainer:
         }
         return kept, metrics
 
-    def prepare(self, groups: list[TrajectoryGroup]) -> StepBatch:
-        """Phase 4: training sequences, the learner's old log-probs and (with KL) the reference's."""
+    def prepare(self, groups: list[TrajectoryGroup], step: int = 0) -> StepBatch:
+        """Phase 4: the step's one batch — the flat token layout and its step table, the mini-batches
+        (packed once), the learner's old log-probs, (with KL) the reference's and (with a critic)
+        the old values."""
+        cfg = self.config.trainer
         trajectories = [t for g in groups for t in g.trajectories]
         rows = step_rows(trajectories)
-        sequences = build_sequences(trajectories, merge=True)
-        num_tokens = rows.num_tokens
-        lengths = torch.tensor([len(s.response_ids) for s in rows.steps])
-        width = int(lengths.max()) if len(lengths) else 0
-        valid_NL = torch.arange(width)[None, :] < lengths[:, None]
+        table = StepTable.from_groups(groups)
+        lengths_N = torch.tensor([len(s.response_ids) for s in rows.steps], dtype=torch.long)
+        if table.num_steps != len(lengths_N):
+            raise AssertionError(f"step table has {table.num_steps} rows, the layout {len(lengths_N)}")
+        valid_NL = torch.arange(table.max_response_len)[None, :] < lengths_N[:, None]
         tokens = {
-            "mask": torch.tensor([float(m) for s in rows.steps for m in s.response_mask]),
-            "sampler_logprobs": torch.tensor([lp for s in rows.steps for lp in s.logprobs]),
-            "seq_ids": torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids]),
+            "mask": table.response_mask[valid_NL],
+            "sampler_logprobs": table.old_logprobs[valid_NL],
+            "step_ids": torch.arange(len(lengths_N)).repeat_interleave(lengths_N),
+            "traj_ids": table.traj_index.repeat_interleave(lengths_N),
+            "group_ids": table.group_index.repeat_interleave(lengths_N),
         }
-        all_micro_batches = make_micro_batches(
-            sequences, rows, self.config.trainer.micro_batch_tokens, pair_cost=self.pair_cost
+        parts = self._mini_batch_trajectories(table, step)
+        sequences = build_sequences(trajectories, merge=True)
+        sequence_traj = torch.tensor(
+            [rows.trajectory_index[s.spans[0].row] for s in sequences], dtype=torch.long
         )
-        single_pass = self.config.trainer.ppo_epochs == 1 and self.config.trainer.mini_batches == 1
+        micro_batches, train_tokens = [], 0
+        for part in parts:
+            keep = torch.isin(sequence_traj, part).tolist()
+            chosen = [s for s, kept in zip(sequences, keep, strict=True) if kept]
+            micro_batches.append(
+                make_micro_batches(chosen, rows, cfg.micro_batch_tokens, pair_cost=self.pair_cost)
+            )
+            train_tokens += count_tokens(
+                share_prefixes(chosen, pair_cost=self.pair_cost, max_width=cfg.micro_batch_tokens)
+            )
+        batch = StepBatch(
+            groups, trajectories, rows, table, valid_NL, tokens, parts, micro_batches, train_tokens
+        )
+        num_tokens = rows.num_tokens
         if self.config.algorithm.old_logprobs == "sampler":
             tokens["old_logprobs"] = tokens["sampler_logprobs"]
-        elif not single_pass:
-            tokens["old_logprobs"] = self.learner.logprobs(all_micro_batches, num_tokens)
+        elif cfg.ppo_epochs * len(parts) > 1:
+            tokens["old_logprobs"] = self.learner.logprobs(batch.all_micro_batches, num_tokens)
         # With one optimizer step per batch the policy has not moved since rollout: the old log-probs
         # are the update's own, detached (``PolicyObjective``), so their extra forward pass is skipped.
-        if self.config.algorithm.kl_coef > 0:
-            tokens["ref_logprobs"] = self.learner.logprobs(all_micro_batches, num_tokens, reference=True)
+        if self.config.algorithm.kl.coef > 0:
+            tokens["ref_logprobs"] = self.learner.logprobs(
+                batch.all_micro_batches, num_tokens, reference=True
+            )
         if self.learner.has_critic:
-            tokens["old_values"] = self.learner.values(all_micro_batches, num_tokens)
-            first_token = torch.zeros(num_tokens)
-            first_token[[o for o, s in zip(rows.offsets, rows.steps, strict=True) if s.response_ids]] = 1.0
-            step_level = self.config.algorithm.advantage == "gae_step"
-            tokens["value_mask"] = first_token if step_level else tokens["mask"]
-        return StepBatch(groups, trajectories, rows, sequences, tokens, valid_NL)
+            tokens["old_values"] = self.learner.values(batch.all_micro_batches, num_tokens)
+            if estimator_needs(self.config).critic == "step":  # one value per step: its first token's
+                first_T = torch.zeros(num_tokens)
+                first_T[(lengths_N.cumsum(0) - lengths_N)[lengths_N > 0]] = 1.0
+                tokens["value_mask"] = first_T
+            else:
+                tokens["value_mask"] = tokens["mask"]
+        return batch
 
-    def advantages(self, batch: StepBatch) -> Tensor:
-        """Phase 5: the configured estimator on the step table; returns advantages (N, L) (and, with a
-        critic, stores the value targets in ``batch.tokens["returns"]``)."""
-        table = StepTable.from_groups(batch.groups)
-        if "old_logprobs" in batch.tokens:
-            table = replace(table, old_logprobs=batch.to_padded(batch.tokens["old_logprobs"]))
+    def _mini_batch_trajectories(self, table: StepTable, step: int) -> list[Tensor]:
+        """The step's ``trainer.mini_batches`` parts as trajectory ids, drawn once per step (seeded by
+        (seed, step)). Whole groups stay in one mini-batch whenever there are at least as many groups
+        as mini-batches, so a group's shared prompt is laid out once; else trajectories are split."""
+        traj_T = torch.unique(table.traj_index)
+        splits = min(self.config.trainer.mini_batches, len(traj_T))
+        if splits <= 1:
+            return [traj_T]
+        generator = torch.Generator().manual_seed(hash_seed(self.config.trainer.seed, step))
+        group_of_T = torch.zeros(int(traj_T.max()) + 1, dtype=torch.long)
+        group_of_T[table.traj_index] = table.group_index
+        group_ids = torch.unique(table.group_index)
+        if len(group_ids) >= splits:
+            shuffled = group_ids[torch.randperm(len(group_ids), generator=generator)]
+            return [traj_T[torch.isin(group_of_T[traj_T], part)] for part in shuffled.chunk(splits)]
+        return list(traj_T[torch.randperm(len(traj_T), generator=generator)].chunk(splits))
+
+    def advantages(self, batch: StepBatch) -> Advantages:
+        """Phase 5: the configured estimator (``algorithm.advantage``) on the step table, with the
+        learner's old log-probs, the critic's values and (``algorithm.kl.penalty: reward``) the KL
+        penalty in the rewards."""
+        table, tokens = batch.table, batch.tokens
+        if "old_logprobs" in tokens:
+            table = replace(table, old_logprobs=batch.to_padded(tokens["old_logprobs"]))
         if self.learner.has_critic:
-            values_NL = batch.to_padded(batch.tokens["old_values"])
+            values_NL = batch.to_padded(tokens["old_values"])
             table = replace(table, token_values=values_NL, step_values=values_NL[:, 0])
-        output = compute_advantages(table, self.config.algorithm.advantage, self.advantage_config)
-        advantages_NL = output.advantages
-        if self.learner.has_critic:
-            batch.tokens["returns"] = output.returns[batch.valid_NL]
-        if self.config.algorithm.normalize_advantages:
-            live = table.response_mask > 0
-            values = advantages_NL[live]
-            if values.numel() > 1:
-                advantages_NL = torch.where(
-                    live, (advantages_NL - values.mean()) / (values.std() + 1e-6), 0.0
-                )
-        return advantages_NL
+        kl = self.config.algorithm.kl
+        if kl.coef > 0 and kl.penalty == "reward":
+            table = kl_reward_penalty(
+                replace(table, ref_logprobs=batch.to_padded(tokens["ref_logprobs"])), kl.coef, kl.estimator
+            )
+        output = compute_advantages(table, self.config.algorithm.advantage)
+        return Advantages(output.advantages[batch.valid_NL], output.returns[batch.valid_NL])
 
-    def update(self, batch: StepBatch, advantages_NL: Tensor, step: int) -> dict[str, float]:
-        """Phase 6: ``ppo_epochs`` passes, each split into ``mini_batches`` optimizer steps."""
-        cfg, algo = self.config.trainer, self.config.algorithm
-        tokens = {**batch.tokens, "advantages": advantages_NL[batch.valid_NL]}
-        token_traj = torch.tensor(
-            [batch.rows.trajectory_index[r] for r, s in enumerate(batch.rows.steps) for _ in s.response_ids],
-            dtype=torch.long,
-        )
-        sequence_traj = [batch.rows.trajectory_index[s.spans[0].row] for s in batch.sequences]
-        num_traj = len(batch.trajectories)
-        splits = min(cfg.mini_batches, num_traj)
+    def update(self, batch: StepBatch, advantages: Advantages, step: int) -> dict[str, float]:
+        """Phase 6: ``ppo_epochs`` passes over the step's mini-batches (in a fresh order each epoch),
+        one optimizer step each."""
+        cfg = self.config.trainer
+        tokens = {**batch.tokens, "advantages": advantages.advantages, "returns": advantages.returns}
         history: list[dict[str, float]] = []
+        splits = len(batch.micro_batches)
         for epoch in range(cfg.ppo_epochs):
             generator = torch.Generator().manual_seed(hash_seed(cfg.seed, step, epoch))
-            order = torch.randperm(num_traj, generator=generator) if splits > 1 else torch.arange(num_traj)
-            for chunk in order.chunk(splits):
-                chosen = set(chunk.tolist())
-                in_mini = torch.tensor([t in chosen for t in token_traj.tolist()], dtype=torch.float32)
-                mask = tokens["mask"] * in_mini
-                weights = aggregation_weights(
-                    mask,
-                    algo.loss_aggregation,
-                    seq_ids=tokens["seq_ids"],
-                    norm_len=float(self.config.rollout.max_tokens),
+            order = torch.randperm(splits, generator=generator).tolist() if splits > 1 else [0]
+            for j in order:
+                in_mini_T = torch.isin(tokens["traj_ids"], batch.mini_batch_trajectories[j]).float()
+                mask = tokens["mask"] * in_mini_T
+                mini = MiniBatch(
+                    batch.micro_batches[j], self._weights(mask, tokens), {**tokens, "mask": mask}
                 )
-                sequences = [s for s, t in zip(batch.sequences, sequence_traj, strict=True) if t in chosen]
-                micro_batches = make_micro_batches(
-                    sequences, batch.rows, cfg.micro_batch_tokens, pair_cost=self.pair_cost
-                )
-                mini = MiniBatch(micro_batches, weights, {**tokens, "mask": mask})
                 history.append(self.learner.update(mini, self.objective, with_entropy=True))
                 if self.learner.has_critic:
-                    history[-1].update(self._update_critic(tokens, in_mini, micro_batches))
+                    history[-1].update(self._update_critic(tokens, in_mini_T, batch.micro_batches[j]))
         metrics = {key: _mean([h[key] for h in history if key in h]) for key in history[0]}
         metrics["update/skipped"] = sum(h["update/skipped"] for h in history)
-        trees = share_prefixes(batch.sequences, pair_cost=self.pair_cost, max_width=cfg.micro_batch_tokens)
-        metrics["train/tokens"] = float(count_tokens(trees))
+        metrics["train/tokens"] = float(batch.train_tokens)
         metrics["train/tokens_per_step_layout"] = float(
             sum(len(s.prompt_ids) + len(s.response_ids) for s in batch.rows.steps)
         )
         return metrics
 
+    def _weights(self, mask: Tensor, tokens: Mapping[str, Tensor]) -> Tensor:
+        """The configured loss aggregation (``algorithm.loss_aggregation``) as per-token weights over
+        ``mask``'s tokens; sequences are steps."""
+        aggregation = self.config.algorithm.loss_aggregation
+        return aggregation_weights(
+            mask,
+            aggregation.name,
+            seq_ids=tokens["step_ids"],
+            traj_ids=tokens["traj_ids"],
+            norm_len=aggregation.norm_len or float(self.config.rollout.max_tokens),
+            equal_trajectory_weight=aggregation.equal_trajectory_weight,
+        )
+
     def _update_critic(self, tokens: dict[str, Tensor], in_mini: Tensor, micro_batches) -> dict[str, float]:
         """The critic's step on the same mini-batch: clipped value loss on the estimator's returns."""
-        algo = self.config.algorithm
         value_mask = tokens["value_mask"] * in_mini
-        weights = algo.value_coef * aggregation_weights(
-            value_mask,
-            algo.loss_aggregation,
-            seq_ids=tokens["seq_ids"],
-            norm_len=float(self.config.rollout.max_tokens),
-        )
         metrics = self.learner.update_critic(
-            MiniBatch(micro_batches, weights, {**tokens, "value_mask": value_mask}), self.value_objective
+            MiniBatch(micro_batches, self._weights(value_mask, tokens), {**tokens, "value_mask": value_mask}),
+            self.value_objective,
         )
         renamed = {
             "loss/policy": "loss/value",
@@ -639,17 +689,15 @@ class Trainer:
         self.check_health(groups, self.step, evaluation=True)
         return evaluation_metrics(score_groups(groups, self.val_tasks, self.reward_fn))
 
-    def annotate(self, groups, batch: StepBatch | None, advantages_NL: Tensor | None) -> list[Trajectory]:
+    def annotate(self, groups, batch: StepBatch | None, advantages: Advantages | None) -> list[Trajectory]:
         """The step's trajectories with the viewer's keys in each Step.info (CONTRACTS.md)."""
         advantage_of: dict[int, float] = {}
-        if batch is not None and advantages_NL is not None:
-            mask_NL = batch.to_padded(batch.tokens["mask"])
-            per_step = (advantages_NL * mask_NL).sum(-1) / mask_NL.sum(-1).clamp(min=1)
-            row = 0
-            for t in batch.trajectories:
-                for s in t.steps:
-                    advantage_of[id(s)] = float(per_step[row])
-                    row += 1
+        if batch is not None and advantages is not None:
+            mask_T, step_T = batch.tokens["mask"], batch.tokens["step_ids"]
+            num_steps = len(batch.rows.steps)
+            summed_N = torch.zeros(num_steps).index_add_(0, step_T, advantages.advantages * mask_T)
+            per_step_N = summed_N / torch.zeros(num_steps).index_add_(0, step_T, mask_T).clamp(min=1)
+            advantage_of = {id(s): v for s, v in zip(batch.rows.steps, per_step_N.tolist(), strict=True)}
         decode = self.tokenizer.decode
         out = []
         for group in groups:

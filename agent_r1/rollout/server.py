@@ -29,8 +29,6 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
-import json
-import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -40,85 +38,21 @@ from typing import Any
 from aiohttp import web
 
 from agent_r1.rollout.base import Engine
-from agent_r1.types import Completion, SamplingParams, StopReason
+from agent_r1.rollout.openai_api import (
+    BadRequest,
+    NotFound,
+    engine_error,
+    error_response,
+    field,
+    json_endpoint,
+    sampling_params,
+)
+from agent_r1.types import Completion, SamplingParams
 
 __all__ = ["build_app", "check_exposure", "is_loopback", "start_server"]
 
-logger = logging.getLogger(__name__)
-
-# Integers go to torch as int64 (seeds, top_k): a larger one would fail inside the engine.
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # The OpenAI API's limit on ``n``; without one, a single request could queue any number of samples.
 MAX_N = 128
-
-
-class BadRequest(Exception):
-    """An invalid request: answered with HTTP 400 and this message."""
-
-
-class _NotFound(Exception):
-    """A request for something this server does not have: answered with HTTP 404."""
-
-
-class _EngineError(Exception):
-    """A request the engine failed: 400 when it cannot fit the context, else 500."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _error(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
-
-
-def _field(body: dict, name: str, kinds: type | tuple[type, ...], default: Any = None) -> Any:
-    """``body[name]`` if present and of one of ``kinds`` (a JSON boolean is not a number)."""
-    value = body.get(name)
-    if value is None:
-        return default
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        expected = " or ".join(k.__name__ for k in kinds)
-        raise BadRequest(f"'{name}' must be of type {expected}, got {json.dumps(value)[:50]}")
-    if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
-        raise BadRequest(f"'{name}' is out of range (a 64-bit signed integer), got {value}")
-    return value
-
-
-def _reject_constant(name: str) -> None:
-    """``json.loads`` hook: Python's parser accepts ``NaN`` and ``Infinity``; JSON does not."""
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _sampling_params(body: dict, max_tokens_default: int) -> SamplingParams:
-    for unsupported in ("stream", "echo"):
-        if body.get(unsupported):
-            raise BadRequest(f"'{unsupported}' is not supported by this server")
-    if body.get("best_of") not in (None, 1):
-        raise BadRequest("'best_of' is not supported by this server (use n)")
-    stop = _field(body, "stop", (str, list), [])
-    stop = [stop] if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) for s in stop):
-        raise BadRequest("'stop' must be a string or a list of strings")
-    stop_token_ids = _field(body, "stop_token_ids", list, [])
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
-        raise BadRequest("'stop_token_ids' must be a list of integers")
-    max_tokens_key = (
-        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    )
-    try:
-        return SamplingParams(
-            temperature=float(_field(body, "temperature", (int, float), 1.0)),
-            top_p=float(_field(body, "top_p", (int, float), 1.0)),
-            top_k=_field(body, "top_k", int, -1) or -1,  # vLLM and OpenAI clients send 0 for "off"
-            max_tokens=_field(body, max_tokens_key, int, max_tokens_default),
-            stop_token_ids=tuple(stop_token_ids),
-            stop=tuple(stop),
-            seed=_field(body, "seed", int),
-        )
-    except ValueError as e:
-        raise BadRequest(str(e)) from e
 
 
 def _finish_reason(completion: Completion) -> str:
@@ -181,21 +115,21 @@ class _Handlers:
         completions = await asyncio.gather(*jobs)
         for c in completions:
             if c.error is not None:
-                raise _EngineError(400 if c.finish_reason is StopReason.LENGTH else 500, c.error)
+                raise engine_error(c)
         return completions
 
     @staticmethod
     def _body_n(body: dict) -> int:
-        n = _field(body, "n", int, 1)
+        n = field(body, "n", int, 1)
         if not 1 <= n <= MAX_N:
             raise BadRequest(f"'n' must be between 1 and {MAX_N}, got {n}")
         return n
 
     def check_model(self, body: dict) -> None:
         """The model a request names, if any, must be the one served (vLLM answers 404 too)."""
-        model = _field(body, "model", str)
+        model = field(body, "model", str)
         if model is not None and model != self.model_name:
-            raise _NotFound(f"The model `{model}` does not exist; this server serves `{self.model_name}`.")
+            raise NotFound(f"The model `{model}` does not exist; this server serves `{self.model_name}`.")
 
     # ------------------------------------------------------------------ endpoints
 
@@ -218,9 +152,9 @@ class _Handlers:
         prompts = [self._prompt_ids(p) for p in batch]
         for ids in prompts:
             self._check_prompt(ids)
-        params = _sampling_params(body, max_tokens_default=16)
+        params = sampling_params(body, max_tokens_default=16)
         n = self._body_n(body)
-        logprobs_k = _field(body, "logprobs", int)
+        logprobs_k = field(body, "logprobs", int)
         if logprobs_k is not None and logprobs_k < 0:
             raise BadRequest(f"'logprobs' must be >= 0, got {logprobs_k}")
         as_ids = bool(body.get("return_tokens_as_token_ids"))
@@ -274,7 +208,7 @@ class _Handlers:
         for i, m in enumerate(messages):
             if "role" not in m:
                 raise BadRequest(f"messages[{i}] has no 'role'")
-        tools = _field(body, "tools", list)
+        tools = field(body, "tools", list)
         try:
             rendered = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=False
@@ -283,7 +217,7 @@ class _Handlers:
             raise BadRequest(f"the chat template could not render these messages: {e}") from e
         ids = self.tokenizer.encode(rendered, add_special_tokens=False)
         self._check_prompt(ids)
-        params = _sampling_params(body, max_tokens_default=max(1, (self.max_context or 4096) - len(ids)))
+        params = sampling_params(body, max_tokens_default=max(1, (self.max_context or 4096) - len(ids)))
         n = self._body_n(body)
         want_logprobs = bool(body.get("logprobs"))
         as_ids = bool(body.get("return_tokens_as_token_ids"))
@@ -324,30 +258,11 @@ class _Handlers:
 
 
 def _json_endpoint(handlers: _Handlers, handler):
-    async def endpoint(request: web.Request) -> web.Response:
-        try:
-            body = json.loads(await request.text(), parse_constant=_reject_constant)
-        except web.HTTPRequestEntityTooLarge as e:
-            return _error(413, e.text, "invalid_request_error")
-        except (ValueError, LookupError) as e:  # bad JSON, NaN / Infinity, undecodable bytes or charset
-            return _error(400, f"the request body must be a JSON object ({e})", "invalid_request_error")
-        if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object", "invalid_request_error")
-        try:
-            handlers.check_model(body)
-            return web.json_response(await handler(body))
-        except BadRequest as e:
-            return _error(400, str(e), "invalid_request_error")
-        except _NotFound as e:
-            return _error(404, str(e), "not_found_error")
-        except _EngineError as e:
-            kind = "invalid_request_error" if e.status == 400 else "engine_error"
-            return _error(e.status, str(e), kind)
-        except Exception as e:  # a bug here must still answer in the API's error format, and be logged
-            logger.exception("agent-r1 server: %s %s failed", request.method, request.path)
-            return _error(500, f"internal server error: {type(e).__name__}: {e}", "internal_error")
+    async def checked(request: web.Request, body: dict) -> dict:
+        handlers.check_model(body)
+        return await handler(body)
 
-    return endpoint
+    return json_endpoint(checked)
 
 
 def _require_api_key(api_key: str):
@@ -365,7 +280,7 @@ def _require_api_key(api_key: str):
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             given = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).digest()
             if scheme.lower() != "bearer" or not hmac.compare_digest(given, expected):
-                response = _error(
+                response = error_response(
                     401, "invalid or missing API key (Authorization: Bearer ...)", "authentication_error"
                 )
                 response.headers["WWW-Authenticate"] = "Bearer"

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from agent_r1.algos import StepTable, aggregation_weights, compute_advantages, kl_reward_penalty
+from agent_r1.envs.agent_program import gateway_metrics
 from agent_r1.envs.tool_env import tool_count_metrics
 from agent_r1.flows.base import AgentFlow
 from agent_r1.train.backends import local_learner, local_rollout
@@ -659,6 +660,7 @@ class Trainer:
             "rollout/truncated_fraction": _mean([float(t.status is TrajectoryStatus.TRUNCATED) for t in ok]),
         }
         metrics.update(tool_count_metrics(steps))
+        metrics.update(gateway_metrics(ok))
         return {name: value for name, value in metrics.items() if not math.isnan(value)}
 
     def staleness_metrics(self, groups: list[TrajectoryGroup]) -> dict[str, float]:

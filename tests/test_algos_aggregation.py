@@ -46,6 +46,11 @@ def test_equal_trajectory_weight_by_hand():
     assert agg("seq-mean-token-sum", True) == pytest.approx(((2 + 3) / 2 + 10) / 2)
     assert agg("seq-mean-token-mean", False) == pytest.approx((1 + 3 + 10) / 3)
     assert agg("seq-mean-token-mean", True) == pytest.approx(((1 + 3) / 2 + 10) / 2)
+    # A constant per trajectory: the same with or without equal trajectory weight.
+    for equal in (False, True):
+        assert aggregate(
+            loss, mask, "traj-mean-token-sum-norm", traj_ids=traj, norm_len=2, equal_trajectory_weight=equal
+        ).item() == pytest.approx((2 + 3 + 10) / (2 * 2))
 
 
 def test_masked_tokens_and_empty_batches_never_make_nan():
@@ -62,6 +67,8 @@ def test_errors_are_specific():
         aggregate(LOSS, MASK, "mean")
     with pytest.raises(ValueError, match="needs norm_len > 0"):
         aggregate(LOSS, MASK, "seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="'traj-mean-token-sum-norm' needs traj_ids"):
+        aggregate(LOSS, MASK, "traj-mean-token-sum-norm", norm_len=4)
     with pytest.raises(ValueError, match="equal_trajectory_weight=True needs traj_ids"):
         aggregate(LOSS, MASK, "token-mean", equal_trajectory_weight=True)
     with pytest.raises(ValueError, match="a sequence id spans several trajectories"):

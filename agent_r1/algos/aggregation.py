@@ -11,6 +11,7 @@ weights once over the whole mini-batch, split them with the tokens, and the micr
 | ``seq-mean-token-sum`` | mean over sequences of sum_t l_t | |
 | ``seq-mean-token-mean`` | mean over sequences of (mean over its tokens) | GRPO paper (arXiv 2402.03300), GSPO |
 | ``seq-mean-token-sum-norm`` | sum_t l_t / (#sequences * norm_len) | Dr. GRPO (arXiv 2503.20783); norm_len = a constant, e.g. max response length |
+| ``traj-mean-token-sum-norm`` | sum_t l_t / (#trajectories * norm_len) | Dr. GRPO's constant normaliser over trajectories: unbiased when the policy picks its number of turns |
 
 **What a "sequence" is** for step-level data is decided by ``seq_ids`` (same shape as the loss, one
 integer per token): pass the id of the *step* (the MDP action: one response) for step-level
@@ -70,6 +71,7 @@ class TokenCounts:
     tokens_in_seq: Tensor  # trained tokens of the token's sequence
     tokens_in_scope: Tensor  # trained tokens of the token's scope
     seqs_in_scope: Tensor  # sequences (with >= 1 trained token) of the token's scope
+    trajs_in_scope: Tensor | None = None  # trajectories (with >= 1 trained token); None without traj_ids
 
 
 AggregationMode = Callable[[Tensor, TokenCounts, "float | None"], Tensor]
@@ -93,8 +95,8 @@ class AggregationConfig:
     name: the registered mode (``LOSS_AGGREGATIONS``). Default ``token-mean`` (DAPO's token-level loss).
     equal_trajectory_weight: apply the mode within each trajectory, then average trajectories, so that
         every trajectory weighs the same however many steps or tokens it has. Default False.
-    norm_len: the constant of ``seq-mean-token-sum-norm`` (Dr. GRPO). None (default) = the configured
-        maximum response length (``rollout.max_tokens``).
+    norm_len: the constant of ``seq-mean-token-sum-norm`` (Dr. GRPO) and ``traj-mean-token-sum-norm``.
+        None (default) = the configured maximum response length (``rollout.max_tokens``).
     """
 
     name: str = "token-mean"
@@ -123,14 +125,31 @@ def seq_mean_token_mean(mask: Tensor, counts: TokenCounts, norm_len: float | Non
     return mask / (counts.seqs_in_scope * counts.tokens_in_seq)
 
 
+@register_aggregation("traj-mean-token-sum-norm")
+def traj_mean_token_sum_norm(mask: Tensor, counts: TokenCounts, norm_len: float | None) -> Tensor:
+    """sum_t l_t / (#trajectories * norm_len): Dr. GRPO's constant normaliser with trajectories in
+    place of responses. When the policy chooses how many turns it takes, the number of steps (and of
+    tokens) in a batch is random and correlated with the advantages, so dividing by it biases the
+    gradient; the number of trajectories is fixed by the batch size, so this mode is unbiased
+    (docs/algorithms.md, "Stopping bias")."""
+    if counts.trajs_in_scope is None:
+        raise ValueError(
+            "loss aggregation 'traj-mean-token-sum-norm' needs traj_ids (one trajectory id per token)"
+        )
+    return mask / (counts.trajs_in_scope * _norm_len("traj-mean-token-sum-norm", norm_len))
+
+
 @register_aggregation("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(mask: Tensor, counts: TokenCounts, norm_len: float | None) -> Tensor:
+    return mask / (counts.seqs_in_scope * _norm_len("seq-mean-token-sum-norm", norm_len))
+
+
+def _norm_len(mode: str, norm_len: float | None) -> float:
     if norm_len is None or norm_len <= 0:
         raise ValueError(
-            f"loss aggregation 'seq-mean-token-sum-norm' needs norm_len > 0 (e.g. the maximum response "
-            f"length), got {norm_len}"
+            f"loss aggregation '{mode}' needs norm_len > 0 (e.g. the maximum response length), got {norm_len}"
         )
-    return mask / (counts.seqs_in_scope * norm_len)
+    return norm_len
 
 
 def aggregation_weights(
@@ -171,10 +190,22 @@ def aggregation_weights(
     seqs_per_scope = _sum_by(
         has_tokens.to(torch.float32)[has_tokens], seq_scope[has_tokens], tokens_per_scope.numel()
     )
+    trajs_in_scope = None
+    if traj_ids is not None:
+        _check_shape("traj_ids", traj_ids, mask)
+        traj_X = torch.unique(traj_ids.reshape(-1), return_inverse=True)[1]
+        traj_live = _sum_by(mask_X, traj_X) > 0
+        traj_scope = torch.zeros_like(traj_live, dtype=torch.long)
+        traj_scope[traj_X[live]] = scope_X[live]  # a trajectory lies in one scope (itself, or the batch)
+        trajs_per_scope = _sum_by(
+            traj_live.to(torch.float32)[traj_live], traj_scope[traj_live], tokens_per_scope.numel()
+        )
+        trajs_in_scope = trajs_per_scope[scope_X].clamp(min=1)
     counts = TokenCounts(
         tokens_in_seq=tokens_per_seq[seq_X].clamp(min=1),
         tokens_in_scope=tokens_per_scope[scope_X].clamp(min=1),
         seqs_in_scope=seqs_per_scope[scope_X].clamp(min=1),
+        trajs_in_scope=trajs_in_scope,
     )
     num_scopes = int((tokens_per_scope > 0).sum())
     weights_X = fn(mask_X, counts, norm_len) * mask_X / num_scopes

@@ -263,3 +263,32 @@ def test_a_critic_estimator_trains_on_fsdp2_workers_like_the_single_process_trai
             assert math.isfinite(distributed[step][key]), (step, key)
             assert distributed[step][key] == pytest.approx(single[step][key], rel=1e-4, abs=1e-6), (step, key)
     assert single[3]["loss/value"] != single[1]["loss/value"]
+
+
+def test_an_agent_program_trains_on_ray_with_a_gateway_in_each_rollout_actor(
+    cluster, tiny_checkpoint, tmp_path
+):
+    """``env.name: agent_program`` on Ray: each rollout actor builds the env from the config and hosts
+    the agents' gateways; every call is an exact step, as in one process."""
+    config = _config(
+        tiny_checkpoint,
+        tmp_path,
+        env={
+            "name": "agent_program",
+            "kwargs": {
+                "agent": "test_agent_program:two_turn_agent",
+                "reward_fn": "test_agent_program:ascii_share",
+            },
+        },
+        trainer={"steps": 1, "tasks_per_step": 2, "mini_batches": 1, "checkpoint_every": 0},
+        distributed={"num_learner_workers": 1},
+    )
+    prompts = [{"id": f"t{i}", "prompt": f"Say something about {i}."} for i in range(2)]
+    Trainer(config, train_tasks=prompts).fit()
+    row = _rows(tmp_path)[1]
+    assert row["gateway/exact_fraction"] == 1.0 and row["rollout/error_fraction"] == 0.0
+    records = _dump(tmp_path, 1)
+    assert len(records) == 2 * 4
+    assert all(
+        len(r["steps"]) == 2 and r["steps"][1]["info"]["gateway"]["prompt"] == "extends" for r in records
+    )

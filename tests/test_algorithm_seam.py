@@ -8,6 +8,7 @@ PPO-clip, k3, token-mean) and records what the trainer handed it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields, replace
 
 import pytest
@@ -19,22 +20,25 @@ from agent_r1.algos import (
     AdvantageConfig,
     AggregationConfig,
     KLConfig,
+    OffPolicyConfig,
     PolicyLossConfig,
     get_advantage_estimator,
     get_kl_estimator,
     get_loss_aggregation,
+    get_off_policy_correction,
     get_policy_loss,
     kl_penalty,
     register_advantage,
     register_aggregation,
     register_kl_estimator,
+    register_off_policy_correction,
     register_policy_loss,
 )
 from agent_r1.train.builders import policy_objective
 from agent_r1.train.config import ConfigError, load_config
 from agent_r1.train.trainer import Trainer
 
-SEEN: dict[str, list] = {"advantage": [], "loss": [], "kl": [], "aggregation": []}
+SEEN: dict[str, list] = {"advantage": [], "loss": [], "kl": [], "aggregation": [], "off_policy": []}
 
 
 @register_advantage("recording_grpo", min_group_size=3)
@@ -44,19 +48,15 @@ def recording_grpo(table, cfg):
 
 
 @register_policy_loss("recording_ppo_clip")
-def recording_ppo_clip(logprobs, old_logprobs, advantages, mask, cfg, *, seq_ids=None, sampler_logprobs=None):
+def recording_ppo_clip(logprobs, old_logprobs, advantages, mask, cfg, *, seq_ids=None):
     SEEN["loss"].append((cfg, seq_ids))
-    return get_policy_loss("ppo_clip")(
-        logprobs, old_logprobs, advantages, mask, cfg, seq_ids=seq_ids, sampler_logprobs=sampler_logprobs
-    )
+    return get_policy_loss("ppo_clip")(logprobs, old_logprobs, advantages, mask, cfg, seq_ids=seq_ids)
 
 
 @register_policy_loss("recording_gspo")
-def recording_gspo(logprobs, old_logprobs, advantages, mask, cfg, *, seq_ids=None, sampler_logprobs=None):
+def recording_gspo(logprobs, old_logprobs, advantages, mask, cfg, *, seq_ids=None):
     SEEN["loss"].append((cfg, seq_ids))
-    return get_policy_loss("gspo")(
-        logprobs, old_logprobs, advantages, mask, cfg, seq_ids=seq_ids, sampler_logprobs=sampler_logprobs
-    )
+    return get_policy_loss("gspo")(logprobs, old_logprobs, advantages, mask, cfg, seq_ids=seq_ids)
 
 
 @register_kl_estimator("recording_k3")
@@ -70,6 +70,12 @@ def recording_k3(log_ratio):
 def recording_token_mean(mask, counts, norm_len):
     SEEN["aggregation"].append((norm_len, counts, mask))
     return get_loss_aggregation("token-mean")(mask, counts, norm_len)
+
+
+@register_off_policy_correction("recording_mis_step")
+def recording_mis_step(log_rho, mask, cfg, **ids):
+    SEEN["off_policy"].append((cfg, ids))
+    return get_off_policy_correction("mis_step")(log_rho, mask, cfg, **ids)
 
 
 # A value other than the default for every field of every options dataclass. A new field without an
@@ -93,16 +99,24 @@ NON_DEFAULT = {
         "gspo_clip_high": 5e-4,
         "cispo_ratio_min": 0.5,
         "cispo_ratio_max": 2.0,
-        "tis_cap": 2.0,
     },
     KLConfig: {"coef": 0.05, "estimator": "k1", "penalty": "reward"},
     AggregationConfig: {"name": "seq-mean-token-mean", "equal_trajectory_weight": True, "norm_len": 64.0},
+    OffPolicyConfig: {
+        "name": "icepop",
+        "tis_cap": 3.0,
+        "mis_low": 0.4,
+        "mis_high": 3.0,
+        "icepop_low": 0.2,
+        "icepop_high": 4.0,
+    },
 }
 SECTION = {
     AdvantageConfig: "advantage",
     PolicyLossConfig: "policy_loss",
     KLConfig: "kl",
     AggregationConfig: "loss_aggregation",
+    OffPolicyConfig: "off_policy",
 }
 
 
@@ -150,7 +164,7 @@ def test_the_objective_hands_the_policy_loss_and_kl_sections_to_the_functions_un
     logprobs = torch.full((n,), -1.5, requires_grad=True)
     loss_K, _ = objective(logprobs, None, tokens)
     ((cfg, seq_ids),) = SEEN["loss"]
-    assert cfg == config.algorithm.policy_loss and cfg.tis_cap == 2.0 and cfg.dual_clip == 3.0
+    assert cfg == config.algorithm.policy_loss and cfg.cispo_ratio_max == 2.0 and cfg.dual_clip == 3.0
     assert seq_ids.tolist() == [0, 0, 1, 1, 1]
     (kl_K,) = SEEN["kl"]  # the KL loss term, with the configured estimator and coefficient
     without_kl, _ = replace(objective, kl=KLConfig())(logprobs, None, tokens)
@@ -198,6 +212,7 @@ def test_custom_estimator_loss_kl_and_aggregation_train_by_name_with_every_optio
             "algorithm.policy_loss={name: recording_ppo_clip, clip_low: 0.1, clip_high: 0.3, dual_clip: 3.0}",
             "algorithm.kl={coef: 0.05, estimator: recording_k3, penalty: reward}",
             "algorithm.loss_aggregation={name: recording_token_mean, equal_trajectory_weight: true, norm_len: 64}",
+            "algorithm.off_policy={name: recording_mis_step, mis_low: 0.4, mis_high: 3.0}",
         ],
     )
     for seen in SEEN.values():
@@ -217,6 +232,13 @@ def test_custom_estimator_loss_kl_and_aggregation_train_by_name_with_every_optio
         assert table.traj_index.unique().numel() < table.num_steps  # multi-step trajectories
     assert SEEN["loss"] and all(cfg == algo.policy_loss for cfg, _ in SEEN["loss"])
     assert SEEN["kl"]  # called by the reward penalty (not as a loss term)
+    assert len(SEEN["off_policy"]) == 2  # once per step, with the step ids
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "loss/policy" in r]
+    # The engine shares the learner's model: its log-probs are the learner's, up to float rounding.
+    assert all(r["off_policy/dropped_fraction"] == 0.0 and r["off_policy/kl_k3"] < 1e-6 for r in logged)
+    for cfg, ids in SEEN["off_policy"]:
+        assert cfg == algo.off_policy and ids["step_ids"].unique().numel() > ids["traj_ids"].unique().numel()
     assert SEEN["aggregation"]
     for norm_len, counts, mask in SEEN["aggregation"]:
         assert norm_len == 64.0

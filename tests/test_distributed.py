@@ -187,7 +187,7 @@ def test_async_mode_overlaps_rollout_and_update_within_the_staleness_bound(
         tmp_path,
         trainer={"steps": 4},
         distributed={"mode": "async", "max_staleness": 2, "num_rollout_actors": 1, "num_learner_workers": 1},
-        algorithm={"policy_loss": {"tis_cap": 2.0}},
+        algorithm={"off_policy": "tis"},
     )
     Trainer(config, train_tasks=tasks(16)).fit()
     rows = _rows(tmp_path)

@@ -27,11 +27,9 @@ def test_example_ray_configs_load(name):
 
 
 def test_async_mode_needs_an_importance_sampling_correction():
-    with pytest.raises(ConfigError, match="distributed.mode.*tis_cap"):
+    with pytest.raises(ConfigError, match="distributed.mode.*algorithm.off_policy"):
         config_from_dict({"distributed": {"backend": "ray", "mode": "async"}})
-    config_from_dict(
-        {"distributed": {"backend": "ray", "mode": "async"}, "algorithm": {"policy_loss": {"tis_cap": 2.0}}}
-    )
+    config_from_dict({"distributed": {"backend": "ray", "mode": "async"}, "algorithm": {"off_policy": "tis"}})
     config_from_dict(
         {"distributed": {"backend": "ray", "mode": "async"}, "algorithm": {"old_logprobs": "sampler"}}
     )
@@ -63,7 +61,7 @@ def test_ray_refuses_objects_built_in_the_driver_before_starting_anything():
 
 def test_async_needs_the_ray_backend():
     with pytest.raises(ConfigError, match="distributed.mode.*needs distributed.backend: ray"):
-        config_from_dict({"distributed": {"mode": "async"}, "algorithm": {"policy_loss": {"tis_cap": 2.0}}})
+        config_from_dict({"distributed": {"mode": "async"}, "algorithm": {"off_policy": "tis"}})
 
 
 @pytest.mark.parametrize(

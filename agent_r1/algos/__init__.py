@@ -33,6 +33,13 @@ from agent_r1.algos.kl import (
     register_kl_estimator,
 )
 from agent_r1.algos.objective import PolicyObjective, ValueObjective
+from agent_r1.algos.off_policy import (
+    OFF_POLICY_CORRECTIONS,
+    OffPolicyConfig,
+    get_off_policy_correction,
+    off_policy_correction,
+    register_off_policy_correction,
+)
 from agent_r1.algos.policy_losses import (
     POLICY_LOSSES,
     PolicyLossConfig,
@@ -47,6 +54,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "OFF_POLICY_CORRECTIONS",
     "POLICY_LOSSES",
     "AdvantageConfig",
     "AdvantageOutput",
@@ -54,6 +62,7 @@ __all__ = [
     "InvalidOption",
     "KLConfig",
     "Needs",
+    "OffPolicyConfig",
     "PolicyLossConfig",
     "PolicyObjective",
     "Registry",
@@ -66,12 +75,15 @@ __all__ = [
     "get_advantage_estimator",
     "get_kl_estimator",
     "get_loss_aggregation",
+    "get_off_policy_correction",
     "get_policy_loss",
     "kl_penalty",
     "kl_reward_penalty",
+    "off_policy_correction",
     "register_advantage",
     "register_aggregation",
     "register_kl_estimator",
+    "register_off_policy_correction",
     "register_policy_loss",
     "step_rewards",
 ]

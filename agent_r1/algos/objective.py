@@ -26,7 +26,7 @@ __all__ = ["PolicyObjective", "ValueObjective"]
 @dataclass(frozen=True)
 class PolicyObjective:
     """The per-token policy objective: the registered policy loss ``loss.name`` (with ``loss``'s
-    settings) + ``kl.coef`` x KL to the reference (GRPO's KL loss term, estimator ``kl.estimator``;
+    settings, times ``tokens["off_policy_weight"]`` when the trainer corrects for the sampler) + ``kl.coef`` x KL to the reference (GRPO's KL loss term, estimator ``kl.estimator``;
     only with ``kl.penalty: loss`` — the reward penalty is applied to the advantages instead)
     - ``entropy_coef`` x entropy (the entropy bonus of Mnih et al. 2016, arXiv 1602.01783; LLM RL
     usually keeps 0 and only logs the entropy), on the live (mask > 0) tokens.
@@ -53,8 +53,9 @@ class PolicyObjective:
             tokens["mask"],
             self.loss,
             seq_ids=tokens["step_ids"],
-            sampler_logprobs=tokens["sampler_logprobs"],
         )
+        if "off_policy_weight" in tokens:  # the step's off-policy correction (agent_r1.algos.off_policy)
+            loss_K = loss_K * tokens["off_policy_weight"]
         live_K = tokens["mask"] > 0
         denom = live_K.sum().clamp(min=1)
         if self.uses_reference:

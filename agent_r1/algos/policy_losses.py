@@ -1,7 +1,7 @@
 """Policy losses, per token, selected by name.
 
-Every loss is ``fn(logprobs, old_logprobs, advantages, mask, cfg, *, seq_ids=None,
-sampler_logprobs=None) -> (loss_per_token, metrics)``, registered in ``POLICY_LOSSES``. Tensors have
+Every loss is ``fn(logprobs, old_logprobs, advantages, mask, cfg, *, seq_ids=None) ->
+(loss_per_token, metrics)``, registered in ``POLICY_LOSSES``. Tensors have
 any identical shape (the learner passes packed rows, (B, T)); ``loss_per_token`` has that shape and is
 exactly 0 where ``mask`` is 0, and no gradient reaches a masked token even if its inputs are inf/NaN.
 Aggregate it with ``agent_r1.algos.aggregation``. ``metrics`` are detached scalars averaged over this
@@ -10,15 +10,12 @@ call's masked tokens (average them over micro-batches for logging).
 - ``logprobs``: the learner's current log-probs (with gradient).
 - ``old_logprobs``: the behaviour policy's log-probs, fixed for the update (the learner's recomputation
   at the start of the step, or the sampler's when not recomputed).
-- ``sampler_logprobs``: the inference engine's log-probs. Only for truncated importance sampling
-  (``cfg.tis_cap``): engines and learners compute slightly different numbers (kernels, precision), so
-  the sample came from pi_sampler, not pi_old. TIS (Yao et al. 2025, "Your efficient RL framework
-  secretly brings you off-policy RL training", fengyao.notion.site/off-policy-rl) multiplies each
-  token's loss by ``min(pi_old / pi_sampler, tis_cap)``, detached.
 - ``seq_ids``: which "sequence" (step) each token belongs to, for ``gspo``.
 
-The whole per-token objective (this loss + KL to the reference + the entropy bonus) is
-``agent_r1.algos.objective.PolicyObjective``; KL estimators: ``agent_r1.algos.kl``.
+The whole per-token objective (this loss x the off-policy correction's weight + KL to the reference +
+the entropy bonus) is ``agent_r1.algos.objective.PolicyObjective``; the sampler/learner mismatch
+corrections (TIS, masked IS, IcePop): ``agent_r1.algos.off_policy``; KL estimators:
+``agent_r1.algos.kl``.
 """
 
 from __future__ import annotations
@@ -56,8 +53,6 @@ class PolicyLossConfig:
     cispo_ratio_min / cispo_ratio_max: ``cispo`` clips its detached IS weight to [min, max]. MiniMax-M1
         (arXiv 2506.13585) leaves the low side open and tunes the high side; the defaults 0 / 4 are
         Tinker's (tinker-docs.thinkingmachines.ai/tinker/losses/cispo).
-    tis_cap: truncated importance sampling cap C between ``old_logprobs`` and ``sampler_logprobs``
-        (Yao et al. 2025 use C = 2). None (default) = off.
     """
 
     name: str = "ppo_clip"
@@ -68,7 +63,6 @@ class PolicyLossConfig:
     gspo_clip_high: float = 4e-4
     cispo_ratio_min: float = 0.0
     cispo_ratio_max: float = 4.0
-    tis_cap: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("clip_low", "gspo_clip_low"):
@@ -91,8 +85,6 @@ class PolicyLossConfig:
                 "cispo_ratio_max",
                 f"must be > cispo_ratio_min ({self.cispo_ratio_min}), got {self.cispo_ratio_max}",
             )
-        if self.tis_cap is not None and self.tis_cap <= 0.0:
-            raise InvalidOption("PolicyLossConfig", "tis_cap", f"must be > 0 (or null), got {self.tis_cap}")
 
 
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
@@ -113,7 +105,6 @@ def ppo_clip(
     cfg: PolicyLossConfig,
     *,
     seq_ids: Tensor | None = None,
-    sampler_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017, arXiv 1707.06347), with DAPO's decoupled
     clip range and optional dual clip:
@@ -133,7 +124,7 @@ def ppo_clip(
         loss = torch.where(dual, bound, loss)
         metrics["dual_clip_fraction"] = _masked_mean(dual.float(), live)
     metrics.update(_ratio_metrics(log_ratio, live))
-    return _finish(loss, live, old_logprobs, sampler_logprobs, cfg, metrics)
+    return _finish(loss, live, metrics)
 
 
 @register_policy_loss("gspo")
@@ -145,7 +136,6 @@ def gspo(
     cfg: PolicyLossConfig,
     *,
     seq_ids: Tensor | None = None,
-    sampler_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025, arXiv 2507.18071), token form ("GSPO-token"):
 
@@ -183,7 +173,7 @@ def gspo(
     metrics.update(_ratio_metrics(log_ratio, live))
     seq_live = counts > 0
     metrics["seq_ratio_mean"] = torch.exp(sums / counts.clamp(min=1))[seq_live].mean()
-    return _finish(loss, live, old_logprobs, sampler_logprobs, cfg, metrics)
+    return _finish(loss, live, metrics)
 
 
 @register_policy_loss("cispo")
@@ -195,7 +185,6 @@ def cispo(
     cfg: PolicyLossConfig,
     *,
     seq_ids: Tensor | None = None,
-    sampler_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the importance weight, not the update.
 
@@ -210,7 +199,7 @@ def cispo(
     outside = (ratio < cfg.cispo_ratio_min) | (ratio > cfg.cispo_ratio_max)
     metrics = {"clip_fraction": _masked_mean(outside.float(), live)}
     metrics.update(_ratio_metrics(log_ratio, live))
-    return _finish(loss, live, old_logprobs, sampler_logprobs, cfg, metrics)
+    return _finish(loss, live, metrics)
 
 
 @register_policy_loss("reinforce", single_update=True)
@@ -222,16 +211,15 @@ def reinforce(
     cfg: PolicyLossConfig,
     *,
     seq_ids: Tensor | None = None,
-    sampler_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """REINFORCE (Williams 1992): l_t = -A_t * log pi_t, no ratio and no clip.
 
-    Correct only on-policy (one gradient step per batch); ``tis_cap`` still corrects the
-    sampler/learner mismatch. ``old_logprobs`` feed the metrics (and TIS) only.
+    Correct only on-policy (one gradient step per batch); an off-policy correction still corrects the
+    sampler/learner mismatch. ``old_logprobs`` feed the metrics only.
     """
     live, log_ratio, adv = _inputs(logprobs, old_logprobs, advantages, mask)
     loss = -adv * torch.where(live, logprobs, torch.zeros_like(logprobs))
-    return _finish(loss, live, old_logprobs, sampler_logprobs, cfg, _ratio_metrics(log_ratio, live))
+    return _finish(loss, live, _ratio_metrics(log_ratio, live))
 
 
 def _inputs(
@@ -250,28 +238,8 @@ def _inputs(
     return live, log_ratio, adv
 
 
-def _finish(
-    loss: Tensor,
-    live: Tensor,
-    old_logprobs: Tensor,
-    sampler_logprobs: Tensor | None,
-    cfg: PolicyLossConfig,
-    metrics: dict[str, Tensor],
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Apply TIS (when configured), zero the masked tokens and detach the metrics."""
-    if cfg.tis_cap is not None:
-        if sampler_logprobs is None:
-            raise ValueError("PolicyLossConfig.tis_cap is set but sampler_logprobs were not passed")
-        if sampler_logprobs.shape != loss.shape:
-            raise ValueError(
-                f"policy loss: sampler_logprobs has shape {tuple(sampler_logprobs.shape)}, logprobs have "
-                f"{tuple(loss.shape)}"
-            )
-        log_weight = torch.where(live, old_logprobs - sampler_logprobs, torch.zeros_like(loss)).detach()
-        weight = torch.exp(log_weight)
-        loss = loss * torch.clamp(weight, max=cfg.tis_cap)
-        metrics["tis_weight_mean"] = _masked_mean(weight, live)
-        metrics["tis_clip_fraction"] = _masked_mean((weight > cfg.tis_cap).float(), live)
+def _finish(loss: Tensor, live: Tensor, metrics: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """Zero the masked tokens and detach the metrics."""
     loss = torch.where(live, loss, torch.zeros_like(loss))
     return loss, {name: value.detach() for name, value in metrics.items()}
 

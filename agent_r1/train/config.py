@@ -33,11 +33,13 @@ from agent_r1.algos import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
+    OFF_POLICY_CORRECTIONS,
     POLICY_LOSSES,
     AdvantageConfig,
     AggregationConfig,
     InvalidOption,
     KLConfig,
+    OffPolicyConfig,
     PolicyLossConfig,
 )
 
@@ -178,7 +180,12 @@ class RolloutConfig:
         lambda x: None if x == -1 or x >= 1 else f"must be -1 or >= 1, got {x!r}",
     )
     max_tokens: int = _opt(256, "Maximum response tokens per step.", _positive)
-    max_steps: int = _opt(8, "Maximum agent steps (turns) per trajectory.", _positive)
+    max_steps: int = _opt(
+        8,
+        "Maximum agent steps (turns) per trajectory, enforced by the flow whatever the env; an env's own "
+        "limit (ToolEnv's max_turns) applies too, so the smaller one ends the episode.",
+        _positive,
+    )
     max_prompt_tokens: int = _opt(
         2048, "Longest prompt shown to the model; longer ones are truncated.", _positive
     )
@@ -229,6 +236,11 @@ class AlgorithmConfig:
         AggregationConfig(), "How per-token losses become one scalar (agent_r1.algos.AggregationConfig)."
     )
     kl: KLConfig = _opt(KLConfig(), "KL to the reference policy (agent_r1.algos.KLConfig).")
+    off_policy: OffPolicyConfig = _opt(
+        OffPolicyConfig(),
+        "Correction for tokens the sampler drew with other probabilities than the learner's old policy: "
+        "TIS, masked IS, IcePop (agent_r1.algos.OffPolicyConfig).",
+    )
     entropy_coef: float = _opt(0.0, "Entropy bonus weight.", _non_negative)
     value_coef: float = _opt(0.5, "Value loss weight (critic estimators only).", _non_negative)
     value_clip: float | None = _opt(
@@ -275,7 +287,10 @@ class TrainerConfig:
     max_grad_norm: float = _opt(1.0, "Gradient clipping norm.", _positive)
     seed: int = _opt(0, "Seed of data order, sampling and initialisation.")
     eval_every: int = _opt(
-        0, "Evaluate every k steps (and before the first and after the last); 0 = never.", _non_negative
+        0,
+        "Evaluate on the validation tasks every k steps, and before the first and after the last; 0 = "
+        "no evaluation at all, even when validation tasks are given.",
+        _non_negative,
     )
     checkpoint_every: int = _opt(
         0, "Checkpoint every k steps (and at the end); 0 = only at the end.", _non_negative
@@ -433,7 +448,14 @@ MOVED_KEYS = {
     "distributed.engine_kwargs": ("rollout.engine_kwargs", _ENGINE_MOVED),
     "algorithm.clip_low": ("algorithm.policy_loss.clip_low", _ALGORITHM_MOVED),
     "algorithm.clip_high": ("algorithm.policy_loss.clip_high", _ALGORITHM_MOVED),
-    "algorithm.tis_cap": ("algorithm.policy_loss.tis_cap", _ALGORITHM_MOVED),
+    "algorithm.tis_cap": (
+        "algorithm.off_policy.tis_cap, with algorithm.off_policy.name: tis",
+        _ALGORITHM_MOVED,
+    ),
+    "algorithm.policy_loss.tis_cap": (
+        "algorithm.off_policy.tis_cap, with algorithm.off_policy.name: tis",
+        "off-policy corrections are their own section",
+    ),
     "algorithm.gamma": ("algorithm.advantage.gamma", _ALGORITHM_MOVED),
     "algorithm.lam": ("algorithm.advantage.lam", _ALGORITHM_MOVED),
     "algorithm.norm_by_std": ("algorithm.advantage.norm_by_std", _ALGORITHM_MOVED),
@@ -522,12 +544,18 @@ def _check_cross_field(config: TrainConfig) -> None:
         raise ConfigError(
             "algorithm.resample_rounds", "not available with distributed.mode: async (its rollouts run ahead)"
         )
-    if dist.mode == "async" and algo.old_logprobs == "learner" and algo.policy_loss.tis_cap is None:
+    if dist.mode == "async" and algo.old_logprobs == "learner" and algo.off_policy.name == "none":
         raise ConfigError(
             "distributed.mode",
-            "async rollouts are sampled by an older policy: correct for it with "
-            "algorithm.policy_loss.tis_cap (importance weights against the sampler) or "
+            "async rollouts are sampled by an older policy: correct for it with algorithm.off_policy "
+            "(tis, mis_step, mis_trajectory or icepop: weights against the sampler) or "
             "algorithm.old_logprobs: sampler",
+        )
+    if algo.off_policy.name != "none" and algo.old_logprobs == "sampler":
+        raise ConfigError(
+            "algorithm.off_policy.name",
+            "corrects the learner's old log-probs against the sampler's, but algorithm.old_logprobs: "
+            "sampler makes them the same (every weight 1): use old_logprobs: learner",
         )
 
 
@@ -539,6 +567,7 @@ def _check_registered_names(config: TrainConfig) -> None:
         ("algorithm.policy_loss.name", algo.policy_loss.name, POLICY_LOSSES),
         ("algorithm.loss_aggregation.name", algo.loss_aggregation.name, LOSS_AGGREGATIONS),
         ("algorithm.kl.estimator", algo.kl.estimator, KL_ESTIMATORS),
+        ("algorithm.off_policy.name", algo.off_policy.name, OFF_POLICY_CORRECTIONS),
     )
     for key, value, registry in checks:
         if value not in registry:

@@ -18,9 +18,11 @@ Choices, and where they come from:
   ``log softmax(logits / temperature)`` over the full vocabulary.
 - **Old log-probs** for the PPO ratio: the learner's recomputation before the update (default, so that
   the first mini-batch's ratio is exactly 1) or the sampler's own (``algorithm.old_logprobs:
-  sampler``); ``algorithm.tis_cap`` corrects the sampler/learner mismatch (TIS, Yao et al. 2025).
-- **Reference** log-probs only when ``algorithm.kl_coef > 0`` (default 0: DAPO and Dr. GRPO drop the
-  KL term), used as GRPO's KL loss term; with LoRA the reference is the adapter-disabled policy.
+  sampler``); ``algorithm.off_policy`` corrects the sampler/learner mismatch by name (TIS, masked
+  IS per step or trajectory, IcePop: ``agent_r1.algos.off_policy``), once per step.
+- **Reference** log-probs only when ``algorithm.kl.coef > 0`` (default 0: DAPO and Dr. GRPO drop the
+  KL term), used as GRPO's KL loss term or a reward penalty (``algorithm.kl.penalty``); with LoRA the
+  reference is the adapter-disabled policy.
 - **Dynamic filtering** (DAPO, arXiv 2503.14476): groups whose rewards all agree carry no gradient
   under group baselines and are dropped. Deviation: DAPO over-samples until the batch is full; this
   trainer trains on the groups that remain (and skips the update when none remain).
@@ -51,7 +53,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agent_r1.algos import StepTable, aggregation_weights, compute_advantages, kl_reward_penalty
+from agent_r1.algos import (
+    StepTable,
+    aggregation_weights,
+    compute_advantages,
+    kl_reward_penalty,
+    off_policy_correction,
+)
 from agent_r1.envs.agent_program import gateway_metrics
 from agent_r1.envs.tool_env import tool_count_metrics
 from agent_r1.flows.base import AgentFlow
@@ -126,11 +134,12 @@ class StepBatch:
     table: StepTable
     valid_NL: Tensor  # (N, L) bool: which padded entries of the table are real tokens
     # name -> (num_tokens,): mask, sampler_logprobs, step_ids, traj_ids, group_ids, [old_logprobs,
-    # ref_logprobs, old_values, value_mask]
+    # ref_logprobs, old_values, value_mask, off_policy_weight, off_policy_keep]
     tokens: dict[str, Tensor]
     mini_batch_trajectories: list[Tensor]  # j -> the trajectory ids (table.traj_index) of mini-batch j
     micro_batches: list[list[MicroBatch]]  # j -> mini-batch j's micro-batches
     train_tokens: int  # tokens the layout's forward passes process (a shared prefix counts once)
+    metrics: dict[str, float]  # what building it measured (the off-policy correction's)
 
     def to_padded(self, flat: Tensor) -> Tensor:
         out_NL = torch.zeros(self.valid_NL.shape, dtype=flat.dtype)
@@ -501,15 +510,28 @@ class Trainer:
                 share_prefixes(chosen, pair_cost=self.pair_cost, max_width=cfg.micro_batch_tokens)
             )
         batch = StepBatch(
-            groups, trajectories, rows, table, valid_NL, tokens, parts, micro_batches, train_tokens
+            groups, trajectories, rows, table, valid_NL, tokens, parts, micro_batches, train_tokens, {}
         )
         num_tokens = rows.num_tokens
+        off_policy = self.config.algorithm.off_policy
         if self.config.algorithm.old_logprobs == "sampler":
             tokens["old_logprobs"] = tokens["sampler_logprobs"]
-        elif cfg.ppo_epochs * len(parts) > 1:
+        elif cfg.ppo_epochs * len(parts) > 1 or off_policy.name != "none":
             tokens["old_logprobs"] = self.learner.logprobs(batch.all_micro_batches, num_tokens)
         # With one optimizer step per batch the policy has not moved since rollout: the old log-probs
-        # are the update's own, detached (``PolicyObjective``), so their extra forward pass is skipped.
+        # are the update's own, detached (``PolicyObjective``), so their extra forward pass is skipped
+        # unless the off-policy correction needs them first.
+        if off_policy.name != "none":
+            weight_T, keep_T, correction_metrics = off_policy_correction(
+                tokens["old_logprobs"],
+                tokens["sampler_logprobs"],
+                tokens["mask"],
+                off_policy,
+                step_ids=tokens["step_ids"],
+                traj_ids=tokens["traj_ids"],
+            )
+            tokens["off_policy_weight"], tokens["off_policy_keep"] = weight_T, keep_T.float()
+            batch.metrics.update(correction_metrics)
         if self.config.algorithm.kl.coef > 0:
             tokens["ref_logprobs"] = self.learner.logprobs(
                 batch.all_micro_batches, num_tokens, reference=True
@@ -571,7 +593,8 @@ class Trainer:
             order = torch.randperm(splits, generator=generator).tolist() if splits > 1 else [0]
             for j in order:
                 in_mini_T = torch.isin(tokens["traj_ids"], batch.mini_batch_trajectories[j]).float()
-                mask = tokens["mask"] * in_mini_T
+                # A token the off-policy correction dropped leaves the loss and its denominators.
+                mask = tokens["mask"] * in_mini_T * tokens.get("off_policy_keep", 1.0)
                 mini = MiniBatch(
                     batch.micro_batches[j], self._weights(mask, tokens), {**tokens, "mask": mask}
                 )
@@ -580,6 +603,7 @@ class Trainer:
                     history[-1].update(self._update_critic(tokens, in_mini_T, batch.micro_batches[j]))
         metrics = {key: _mean([h[key] for h in history if key in h]) for key in history[0]}
         metrics["update/skipped"] = sum(h["update/skipped"] for h in history)
+        metrics.update(batch.metrics)
         metrics["train/tokens"] = float(batch.train_tokens)
         metrics["train/tokens_per_step_layout"] = float(
             sum(len(s.prompt_ids) + len(s.response_ids) for s in batch.rows.steps)

@@ -155,10 +155,8 @@ def test_share_prefixes_joins_a_group_where_the_cost_model_says_it_pays():
     assert sorted(len(t.members) for t in trees) == [4, 4, 4]
     assert sorted(id(s) for t in trees for s in t.members) == sorted(id(s) for s in sequences)
     for tree in trees:
-        assert all(
-            m.token_ids[: tree.shared] == tree.members[0].token_ids[: tree.shared] for m in tree.members
-        )
-        assert tree.shared >= min(len(m.token_ids) for m in tree.members) - 6
+        assert all(m.token_ids[: tree.trunk] == tree.members[0].token_ids[: tree.trunk] for m in tree.members)
+        assert tree.trunk >= min(len(m.token_ids) for m in tree.members) - 6
     assert count_tokens(trees) < count_tokens(sequences) / 2
     # Two 40-token sequences sharing 10 tokens: a 70-token tree saves 10 tokens of dense layers but
     # costs 70^2 - 2 * 40^2 = 1700 more attention pairs; it pays only when a pair is cheap enough.

@@ -15,16 +15,19 @@ padding is one more segment, never scored. Rows are capped because without a var
 kernel a packed row's attention costs (row width)^2 (``tests/test_batching.py`` checks the log-probs
 and gradients against one unpadded forward per step).
 
-Sequences that share a prefix — the samples of a GRPO group share their prompt, and every step of
-every trajectory in a group shares the task's first prompt — can also share its computation
-(``share_prefixes``): a prefix tree lays the shared tokens out once as a trunk, then each member's
-remaining tokens as a branch with positions continuing from the trunk, and an explicit attention mask
-lets each branch see the trunk and itself only. A causal LM's log-probs of a token depend only on the
-tokens before it, so every member's log-probs are exactly its own, and the gradients reaching the
-trunk are the sum of its members'. Whether sequences are worth joining is decided by a cost model: a
-tree saves (members - 1) x trunk tokens, but its row is wider, and attention over a row costs
-(row width)^2 (``attention_pair_cost`` weighs one attention pair against one token's dense layers from
-the model's dimensions).
+Sequences that share a prefix — the samples of a GRPO group share their prompt, every group of a
+micro-batch may share a system prompt and tool schema, and the steps of a rewritten context (a sliding
+window, a summary, a re-rendered history) share their head and part of their history without
+extending each other — can also share its computation (``share_prefixes``): a prefix trie over the
+micro-batch's sequences lays every shared run of tokens out once, each member adding only the tokens
+after its common prefix with the previous member, with positions continuing from there, and an
+explicit attention mask lets each token see the earlier tokens of its own run and of all its
+ancestors' runs only. A causal LM's log-probs of a token depend only on the tokens before it, so every
+member's log-probs are exactly its own, and the gradients reaching a shared run are the sum of its
+members'. Whether sequences are worth joining is decided by a cost model: a trie saves the shared
+tokens, but its row is wider, and attention over a row costs (row width)^2
+(``attention_pair_cost`` weighs one attention pair against one token's dense layers from the model's
+dimensions).
 
 Every per-token quantity of a batch (old log-probs, advantages, masks) lives in one flat "token order":
 step rows in order, each row's response tokens in order. ``StepRows`` gives each row's offset into it;
@@ -48,11 +51,13 @@ __all__ = [
     "StepRows",
     "StepSpan",
     "TrainSequence",
+    "TreeLayout",
     "attention_pair_cost",
     "build_sequences",
     "count_tokens",
     "make_micro_batches",
     "pack_sequences",
+    "pack_trees",
     "share_prefixes",
     "step_rows",
 ]
@@ -143,15 +148,93 @@ def count_tokens(units: Sequence[TrainSequence | PrefixTree]) -> int:
 
 
 @dataclass(frozen=True)
+class TreeLayout:
+    """A prefix tree laid out as one run of tokens (its ``len``), in the tree's member order.
+
+    ``member_index[i]``: for each token of member i, its index in the run (two members share a token
+    exactly where their indices are equal). ``visible_until_L``: a token at index k is attended to by
+    the queries at indices k..visible_until_L[k]-1 and by no others: the rest of its own segment and
+    the segments of every later member that shares it (they follow it contiguously).
+    """
+
+    token_ids_L: torch.Tensor  # (L,)
+    position_ids_L: torch.Tensor  # (L,) the token's position in every member holding it
+    visible_until_L: torch.Tensor  # (L,)
+    member_index: tuple[torch.Tensor, ...]  # member i -> (len(member),) indices into the run
+
+
+@dataclass(frozen=True)
 class PrefixTree:
-    """Sequences whose first ``shared`` tokens are equal, laid out as that trunk once followed by each
-    member's remaining tokens (its branch). A tree of one sequence is that sequence, unchanged."""
+    """Sequences laid out as a trie: member i's first ``branch_at[i]`` tokens are the previous
+    member's (computed once, where that member has them), and only its remaining tokens are laid out,
+    as its segment, with positions continuing from ``branch_at[i]``.
+
+    A trie node is then a run of tokens held by a contiguous range of members: with members in token
+    order (``share_prefixes``), what a member shares with any earlier one it shares with the previous
+    one, so the segments form a pre-order walk of the trie. ``branch_at[0]`` is 0; any
+    ``branch_at[i]`` up to the common prefix of members i-1 and i is exact (less shares less). A tree of
+    one sequence is that sequence, unchanged.
+    """
 
     members: tuple[TrainSequence, ...]
-    shared: int
+    branch_at: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.members or len(self.branch_at) != len(self.members) or self.branch_at[0] != 0:
+            raise ValueError(
+                f"PrefixTree: need one branch_at per member starting at 0, got {len(self.members)} "
+                f"members and branch_at {self.branch_at[:4]}"
+            )
+        for i in range(1, len(self.members)):
+            common = _common_prefix(self.members[i - 1].token_ids, self.members[i].token_ids)
+            if not 0 <= self.branch_at[i] <= common:
+                raise ValueError(
+                    f"PrefixTree: member {i} shares {common} leading tokens with member {i - 1}, "
+                    f"so branch_at[{i}] must be in [0, {common}], got {self.branch_at[i]}"
+                )
 
     def __len__(self) -> int:
-        return self.shared + sum(len(m) - self.shared for m in self.members)
+        return sum(len(m) - b for m, b in zip(self.members, self.branch_at, strict=True))
+
+    @property
+    def trunk(self) -> int:
+        """Leading tokens shared by every member (the trie's root run)."""
+        return min(self.branch_at[1:], default=len(self.members[0]))
+
+    def layout(self) -> TreeLayout:
+        """The tree as one run of tokens, with where each member's tokens are and who sees whom."""
+        starts, ends, index = [], [], []
+        offset = 0
+        for member, branch in zip(self.members, self.branch_at, strict=True):
+            own = torch.arange(offset, offset + len(member) - branch)
+            index.append(torch.cat([index[-1][:branch], own]) if index else own)
+            starts.append(offset)
+            offset += len(own)
+            ends.append(offset)
+        visible_until_L = torch.cat(
+            [torch.full((e - s,), e, dtype=torch.long) for s, e in zip(starts, ends, strict=True)]
+        )
+        # Member j's token at position d is shared by members j+1..i while every branch point
+        # between is beyond d; those members' segments follow j's, so its visibility reaches the end
+        # of the last one. Depths shared further are a prefix of j's segment, narrowing as i grows.
+        for j, (member, branch) in enumerate(zip(self.members, self.branch_at, strict=True)):
+            reach = len(member)
+            for i in range(j + 1, len(self.members)):
+                reach = min(reach, self.branch_at[i])
+                if reach <= branch:
+                    break
+                visible_until_L[starts[j] : starts[j] + reach - branch] = ends[i]
+        return TreeLayout(
+            token_ids_L=torch.tensor(
+                [t for m, b in zip(self.members, self.branch_at, strict=True) for t in m.token_ids[b:]],
+                dtype=torch.long,
+            ),
+            position_ids_L=torch.cat(
+                [torch.arange(b, len(m)) for m, b in zip(self.members, self.branch_at, strict=True)]
+            ),
+            visible_until_L=visible_until_L,
+            member_index=tuple(index),
+        )
 
 
 SOFTMAX_MACS = 192
@@ -183,43 +266,42 @@ def attention_pair_cost(config) -> float:
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def share_prefixes(
     sequences: Sequence[TrainSequence], *, pair_cost: float | None, max_width: int
 ) -> list[PrefixTree]:
-    """Group ``sequences`` into prefix trees no wider than ``max_width`` tokens.
+    """Group ``sequences`` into prefix tries no wider than ``max_width`` tokens.
 
-    Sequences are visited in token order, so those sharing a prefix are adjacent; each joins the
-    current tree when that lowers the estimated cost ``tokens + pair_cost * width^2`` of the tree plus
-    the sequence alone. ``pair_cost=None`` shares nothing (every sequence is its own tree).
+    Greedy over the sequences in token order (so that each shares with the previous one the most it
+    shares with any earlier one): a sequence joins the current trie, adding only the tokens after its
+    common prefix with the previous member, when that lowers the estimated cost
+    ``tokens + pair_cost * width^2`` of the trie plus the sequence alone; otherwise it starts the next
+    trie. A trie therefore spans every group of a micro-batch that shares a system prompt when the
+    cost model allows, and steps of a rewritten context share their common head and history at every
+    depth. Greedy, not optimal: a trie that stopped growing is not reopened, and sequences are not
+    reordered to fill tries. ``pair_cost=None`` shares nothing (every sequence is its own tree).
     """
     if pair_cost is None:
-        return [PrefixTree((s,), len(s)) for s in sequences]
+        return [PrefixTree((s,), (0,)) for s in sequences]
 
     def cost(width: int) -> float:
         return width + pair_cost * width * width
 
-    trees: list[PrefixTree] = []
+    groups: list[tuple[list[TrainSequence], list[int], int]] = []  # (members, branch_at, width)
     for sequence in sorted(sequences, key=lambda s: s.token_ids):
-        if trees:
-            tree = trees[-1]
-            shared = min(tree.shared, _common_prefix(tree.members[-1].token_ids, sequence.token_ids))
-            joined = PrefixTree((*tree.members, sequence), shared)
-            if (
-                shared
-                and len(joined) <= max_width
-                and cost(len(joined)) < cost(len(tree)) + cost(len(sequence))
-            ):
-                trees[-1] = joined
+        if groups:
+            members, branch_at, width = groups[-1]
+            shared = _common_prefix(members[-1].token_ids, sequence.token_ids)
+            joined = width + len(sequence) - shared
+            if shared and joined <= max_width and cost(joined) < cost(width) + cost(len(sequence)):
+                members.append(sequence)
+                branch_at.append(shared)
+                groups[-1] = (members, branch_at, joined)
                 continue
-        trees.append(PrefixTree((sequence,), len(sequence)))
-    return trees
+        groups.append(([sequence], [0], len(sequence)))
+    return [PrefixTree(tuple(members), tuple(branch_at)) for members, branch_at, _ in groups]
 
 
 def pack_sequences(units: Sequence, token_budget: int) -> list[list]:
@@ -246,13 +328,14 @@ class MicroBatch:
     """One forward batch of packed rows and where its scored tokens go in the flat token order.
 
     ``input_ids_BT`` / ``position_ids_BT``: B rows of T tokens, each row several sequences (or prefix
-    trees) side by side with positions restarting at 0 for each; a row's padding is one more such
-    segment, never scored. ``attention_BTT``: None when every tree is a plain sequence (Hugging Face then
-    masks attention block-diagonally from the position ids); otherwise which token attends to which
-    (True = attends), the block-diagonal causal mask extended to trees. ``logit_index_K``: for each
-    scored token, the index into the flattened (B*T) positions whose logits predict it (the token before
-    it in its own sequence). ``target_ids_K``: the scored tokens. ``flat_index_K``: their indices in the
-    batch's flat token order.
+    tries) side by side with positions restarting at 0 for each; a row's padding is one more such
+    segment, never scored. ``attention_BTT``: None when every tree is a plain sequence (Hugging Face
+    then masks attention block-diagonally from the position ids); otherwise which token attends to
+    which (True = attends), the block-diagonal causal mask extended to tries (``TreeLayout``).
+    ``logit_index_K``: for each scored token, the index into the flattened (B*T) positions whose
+    logits predict it (the token before it in its own sequence, wherever its trie holds it).
+    ``target_ids_K``: the scored tokens. ``flat_index_K``: their indices in the batch's flat token
+    order.
     """
 
     input_ids_BT: torch.Tensor  # (B, T)
@@ -279,16 +362,29 @@ def make_micro_batches(
     """Pack ``sequences`` into rows, the rows into micro-batches of at most ``token_budget`` tokens.
 
     With ``pair_cost`` (``attention_pair_cost`` of the model), sequences sharing a prefix are first
-    joined into prefix trees (``share_prefixes``); None keeps every sequence whole.
-
-    A row is at most ``row_width`` tokens wide (default: the widest sequence or tree), never one long
-    row per budget: without a variable-length attention kernel (CPU, plain SDPA) a packed row's
-    attention costs (row width)^2 whatever the sequences inside it, so wide rows would make packing
-    slower than padding. Rows of a micro-batch are right-padded to the widest of them.
+    joined into prefix tries (``share_prefixes``); None keeps every sequence whole.
     """
-    units = share_prefixes(sequences, pair_cost=pair_cost, max_width=token_budget)
-    width = max(row_width or 0, max((len(u) for u in units), default=1))
-    packed_rows = pack_sequences(units, width)
+    trees = share_prefixes(sequences, pair_cost=pair_cost, max_width=token_budget)
+    return pack_trees(trees, rows, token_budget, row_width=row_width, pad_token_id=pad_token_id)
+
+
+def pack_trees(
+    trees: Sequence[PrefixTree],
+    rows: StepRows,
+    token_budget: int,
+    *,
+    row_width: int | None = None,
+    pad_token_id: int = 0,
+) -> list[MicroBatch]:
+    """Pack prefix trees into rows, the rows into micro-batches of at most ``token_budget`` tokens.
+
+    A row is at most ``row_width`` tokens wide (default: the widest tree), never one long row per
+    budget: without a variable-length attention kernel (CPU, plain SDPA) a packed row's attention
+    costs (row width)^2 whatever the sequences inside it, so wide rows would make packing slower than
+    padding. Rows of a micro-batch are right-padded to the widest of them.
+    """
+    width = max(row_width or 0, max((len(t) for t in trees), default=1))
+    packed_rows = pack_sequences(trees, width)
     packed_rows.sort(key=count_tokens, reverse=True)
     micro_batches: list[MicroBatch] = []
     i = 0
@@ -304,53 +400,50 @@ def make_micro_batches(
 def _micro_batch(
     packed_rows: Sequence[Sequence[PrefixTree]], width: int, rows: StepRows, pad_token_id: int
 ) -> MicroBatch:
-    input_ids, positions, segments, parents = [], [], [], []
+    input_ids, positions, visible_until = [], [], []
     logit_index, targets, flat = [], [], []
     for r, packed in enumerate(packed_rows):
-        row_ids: list[int] = []
-        row_positions: list[int] = []
-        # Each trunk, each branch and the padding is a segment; a token attends to the earlier tokens
-        # of its own segment and of its parent segment (a branch's trunk; otherwise itself).
-        row_segments: list[int] = []
-        row_parents: list[int] = []
-        segment = 0
+        row_ids, row_positions, row_until = [], [], []
+        start = 0  # where the tree starts in the row
         for tree in packed:
-            trunk, trunk_start = segment, len(row_ids)
-            row_ids.extend(tree.members[0].token_ids[: tree.shared])
-            row_positions.extend(range(tree.shared))
-            row_segments.extend([trunk] * tree.shared)
-            row_parents.extend([trunk] * tree.shared)
-            for member in tree.members:
-                segment += 1
-                branch_start, branch_length = len(row_ids), len(member) - tree.shared
-                row_ids.extend(member.token_ids[tree.shared :])
-                row_positions.extend(range(tree.shared, len(member)))
-                row_segments.extend([segment] * branch_length)
-                row_parents.extend([trunk] * branch_length)
+            layout = tree.layout()
+            row_ids.append(layout.token_ids_L)
+            row_positions.append(layout.position_ids_L)
+            row_until.append(layout.visible_until_L + start)
+            for member, index in zip(tree.members, layout.member_index, strict=True):
                 for span in member.spans:
-                    for q in range(span.start - 1, span.start + span.length - 1):
-                        # the logits at the member's token q (in the trunk or in its branch)
-                        at = trunk_start + q if q < tree.shared else branch_start + q - tree.shared
-                        logit_index.append(r * width + at)
-                    targets.extend(member.token_ids[span.start : span.start + span.length])
-                    flat.extend(rows.token_index(span.row))
-            segment += 1
-        padding = width - len(row_ids)
-        input_ids.append(row_ids + [pad_token_id] * padding)
-        positions.append(row_positions + list(range(padding)))
-        segments.append(row_segments + [segment] * padding)
-        parents.append(row_parents + [segment] * padding)
+                    # the logits at the member's tokens before each response token, wherever the
+                    # trie holds them
+                    logit_index.append(
+                        r * width + start + index[span.start - 1 : span.start + span.length - 1]
+                    )
+                    targets.append(torch.tensor(member.token_ids[span.start : span.start + span.length]))
+                    offset = rows.offsets[span.row]
+                    flat.append(torch.arange(offset, offset + span.length))
+            start += len(tree)
+        # The padding is one more segment: it sees only itself and is never scored.
+        padding = width - start
+        row_ids.append(torch.full((padding,), pad_token_id, dtype=torch.long))
+        row_positions.append(torch.arange(padding))
+        row_until.append(torch.full((padding,), width, dtype=torch.long))
+        input_ids.append(torch.cat(row_ids))
+        positions.append(torch.cat(row_positions))
+        visible_until.append(torch.cat(row_until))
     attention_BTT = None
     if any(len(tree.members) > 1 for packed in packed_rows for tree in packed):
-        segment_BT, parent_BT = torch.tensor(segments), torch.tensor(parents)
-        own_BTT = segment_BT[:, None, :] == segment_BT[:, :, None]
-        trunk_BTT = segment_BT[:, None, :] == parent_BT[:, :, None]
-        attention_BTT = (own_BTT | trunk_BTT) & torch.ones(width, width, dtype=torch.bool).tril()
+        # Query q attends to key k when k is at or before q and q lies in k's visibility range (the
+        # rest of k's segment and the segments of the members that share it): the causal mask of
+        # each member, over the ancestors' tokens it shares and its own.
+        visible_until_BT = torch.stack(visible_until)
+        index_T = torch.arange(width)
+        causal_TT = index_T[:, None] >= index_T[None, :]
+        attention_BTT = causal_TT & (index_T[None, :, None] < visible_until_BT[:, None, :])
+    empty = torch.zeros(0, dtype=torch.long)
     return MicroBatch(
-        input_ids_BT=torch.tensor(input_ids, dtype=torch.long),
-        position_ids_BT=torch.tensor(positions, dtype=torch.long),
-        logit_index_K=torch.tensor(logit_index, dtype=torch.long),
-        target_ids_K=torch.tensor(targets, dtype=torch.long),
-        flat_index_K=torch.tensor(flat, dtype=torch.long),
+        input_ids_BT=torch.stack(input_ids),
+        position_ids_BT=torch.stack(positions),
+        logit_index_K=torch.cat(logit_index) if logit_index else empty,
+        target_ids_K=torch.cat(targets) if targets else empty,
+        flat_index_K=torch.cat(flat) if flat else empty,
         attention_BTT=attention_BTT,
     )

@@ -54,22 +54,19 @@ register_env("guess_number", GuessNumberEnv)
 
 def main() -> None:
     import asyncio
-    import tempfile
 
     from agent_r1.flows import AgentEnvLoop, rollout_group
-    from agent_r1.models.loading import load_tokenizer
-    from agent_r1.models.tiny import save_tiny_checkpoint
+    from agent_r1.models.tiny import build_tiny
     from agent_r1.rollout.hf import HFEngine
     from agent_r1.types import SamplingParams
 
     task = {"id": "g37", "secret": 37, "low": 1, "high": 100}
     check_env(GuessNumberEnv, task, actions=["50", "25", "37"])
-    with tempfile.TemporaryDirectory() as folder:
-        path = save_tiny_checkpoint(folder)
-        tokenizer, engine = load_tokenizer(path), HFEngine.from_pretrained(str(path))
-        flow = AgentEnvLoop(GuessNumberEnv, tokenizer, SamplingParams(max_tokens=8), max_steps=7)
-        group = asyncio.run(rollout_group(flow, engine, task, n=4, group_id="demo"))
-        engine.close()
+    model, tokenizer = build_tiny(seed=0)  # random weights: it guesses badly until trained
+    engine = HFEngine(model, tokenizer=tokenizer)
+    flow = AgentEnvLoop(GuessNumberEnv, tokenizer, SamplingParams(max_tokens=8), max_steps=7)
+    group = asyncio.run(rollout_group(flow, engine, task, n=4, group_id="demo"))
+    engine.close()
     for trajectory in group.trajectories:
         guesses = [s.response_text for s in trajectory.steps]
         print(f"{trajectory.status.value}: reward {trajectory.total_reward:+.1f} after {guesses}")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
+from agent_r1.models.tiny import build_tiny
 from agent_r1.tasks import arithmetic
 
 
@@ -263,8 +263,7 @@ def grpo_step(model, tok, opt, tasks: list[dict], args: Args) -> dict:
 def main(args: Args) -> dict:
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model, tok = build_tiny(seed=0)
     heldout = arithmetic.make_dataset(args.eval_tasks, split="test", seed=args.seed)
     train = arithmetic.make_dataset(args.rl_steps * args.tasks_per_step, split="train", seed=args.seed + 2)
     t0 = time.perf_counter()

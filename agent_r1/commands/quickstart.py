@@ -123,7 +123,8 @@ def rl_settings(
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
+    from agent_r1.models.loading import save_model
+    from agent_r1.models.tiny import build_tiny
     from agent_r1.tasks import arithmetic, get_task
     from agent_r1.train.config import config_from_dict
     from agent_r1.train.sft import SFTConfig, replay_demonstrations, sft_sequences, train_sft
@@ -135,13 +136,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
     spec = get_task("arithmetic")
-    tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(
-        len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        seed=args.seed,
-    )
+    model, tokenizer = build_tiny(seed=args.seed)
     rl_tasks = spec.make_dataset(settings["rl_steps"] * args.tasks_per_step, split="train", seed=args.seed)
     heldout = spec.make_dataset(settings["eval_tasks"], split="test", seed=args.seed)
     _write_jsonl(out / "data" / "train.jsonl", rl_tasks)
@@ -162,8 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
     losses = train_sft(model, sft_sequences(demos), sft_config, pad_token_id=tokenizer.pad_token_id, log=log)
     sft_dir = out / "sft_model"
-    model.save_pretrained(sft_dir)
-    tokenizer.save_pretrained(sft_dir)
+    save_model(model, tokenizer, sft_dir)
     sft_seconds = time.perf_counter() - started
     print(
         f"      demonstrator success {demo_success:.2f}; SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} "

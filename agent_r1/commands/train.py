@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="no progress bar (same as logging.progress=false)"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a recipe's whole pipeline in a minute on a CPU: its data command, env and reward, 2 steps, "
+        "with a tiny stand-in model of the same family, in TRAINER.RUN_DIR-smoke (docs/recipes.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + (["logging.progress=false"] if args.quiet else [])
     try:
         config = load_config(args.config, overrides)
+        if args.smoke:
+            from agent_r1.train.smoke import SmokeError, smoke_config
+
+            try:
+                config = smoke_config(config, args.config)
+            except SmokeError as e:
+                print(f"agent-r1 train --smoke: {e}")
+                return 2
         from agent_r1.train.trainer import Trainer
 
         trainer = Trainer(config, resume=args.resume, allow_config_change=args.allow_config_change)

@@ -15,8 +15,38 @@ __all__ = [
     "load_frozen_model",
     "load_tokenizer",
     "model_not_found_as_error",
+    "quiet_progress_bars",
     "require_chat_template",
+    "save_model",
 ]
+
+
+@contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """No transformers / huggingface_hub progress bars inside (the "Loading weights" and "Writing
+    model shards" bars that every load and save draws, clutter on every run); restored after. The
+    switch is process-wide while inside. Warnings and errors are logged as usual: only the bars are
+    off. A user who disabled the bars keeps them off."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if was_enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def save_model(model, tokenizer: PreTrainedTokenizerBase | None, path: str | Path) -> Path:
+    """``model`` (and ``tokenizer``) saved to ``path`` as a Hugging Face folder, without progress bars."""
+    path = Path(path)
+    with quiet_progress_bars():
+        model.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -100,7 +130,7 @@ def load_frozen_model(
     from transformers import AutoModelForCausalLM
 
     kernel = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    with model_not_found_as_error(path, key):
+    with model_not_found_as_error(path, key), quiet_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), **kernel
         )

@@ -1,8 +1,16 @@
 """A tiny, local, download-free model: a byte-level tokenizer with a ChatML chat template and a
 small Qwen2-architecture causal LM built from config.
 
-Used by the embedded default (``agent-r1 quickstart``), the examples and the tests. Everything is
-written to a folder and loaded back with ``from_pretrained`` like any Hugging Face checkpoint.
+Used by the embedded default (``agent-r1 quickstart``), the examples, the tutorial and the tests:
+
+    from agent_r1.models.tiny import build_tiny
+
+    model, tokenizer = build_tiny(seed=0)          # in memory: Trainer(config, model=model, tokenizer=tokenizer)
+    save_tiny_checkpoint("runs/tiny")              # or a Hugging Face folder, for model.path in a config
+
+The model has random weights: it earns no reward on a real task until it is warm-started on
+demonstrations (``agent_r1.train.sft``, docs/tutorial.md). ``architecture="qwen3"`` builds a Qwen3
+instead (the recipes' smoke runs, ``agent_r1.models.stand_in``).
 """
 
 from __future__ import annotations
@@ -11,11 +19,27 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from agent_r1.models.chat_templates import QWEN25_CHATML_TOOLS
 
-__all__ = ["SPECIAL_TOKENS", "build_tiny_model", "build_tiny_tokenizer", "save_tiny_checkpoint"]
+__all__ = [
+    "ARCHITECTURES",
+    "SPECIAL_TOKENS",
+    "build_tiny",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+    "save_tiny_checkpoint",
+]
+
+ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 # Special tokens are single ids; <|im_end|> doubles as end of sequence, as in Qwen2.5.
 SPECIAL_TOKENS = (
@@ -29,8 +53,11 @@ SPECIAL_TOKENS = (
 )
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer (256 byte tokens, no merges) plus ChatML special tokens.
+def build_tiny_tokenizer(
+    chat_template: str = QWEN25_CHATML_TOOLS, extra_special_tokens: tuple[str, ...] = ()
+) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer (256 byte tokens, no merges) plus ChatML special tokens (and
+    ``extra_special_tokens``, e.g. Qwen3's ``<think>``), with ``chat_template`` (Qwen2.5's by default).
 
     Every string round-trips exactly through encode/decode, which keeps the tests honest about
     token-in/token-out.
@@ -44,11 +71,11 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         tokenizer_object=core,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+        additional_special_tokens=[*SPECIAL_TOKENS[1:], *extra_special_tokens],
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
-    tokenizer.chat_template = QWEN25_CHATML_TOOLS
+    tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS[1:], *extra_special_tokens]})
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 
@@ -64,9 +91,14 @@ def build_tiny_model(
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
     seed: int = 0,
-) -> Qwen2ForCausalLM:
-    """A ~1M-parameter Qwen2 causal LM with random weights (seeded)."""
-    config = Qwen2Config(
+    architecture: str = "qwen2",
+) -> PreTrainedModel:
+    """A ~1M-parameter causal LM of ``architecture`` (``ARCHITECTURES``: qwen2, qwen3) with random
+    weights (seeded)."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown tiny architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
+    config_class, model_class = ARCHITECTURES[architecture]
+    config = config_class(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -78,15 +110,20 @@ def build_tiny_model(
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         bos_token_id=None,
+        # Qwen3 sets its head size apart from hidden_size / num_heads (128 by default): kept tiny.
+        **({"head_dim": hidden_size // num_heads} if architecture == "qwen3" else {}),
     )
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
+    return model_class(config)
 
 
-def save_tiny_checkpoint(path: str | Path, *, seed: int = 0, **model_kwargs) -> Path:
-    """Build the tiny tokenizer and model and save both to ``path`` (a Hugging Face folder)."""
-    path = Path(path)
-    tokenizer = build_tiny_tokenizer()
+def build_tiny(
+    *, seed: int = 0, tokenizer: PreTrainedTokenizerFast | None = None, **model_kwargs
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """``(model, tokenizer)``: the tiny tokenizer (or ``tokenizer``) and a tiny model sized to it, its
+    end-of-sequence and padding ids set from the tokenizer (``<|im_end|>``, ``<|endoftext|>``).
+    ``model_kwargs`` go to ``build_tiny_model`` (``hidden_size``, ``num_layers``, ``architecture``...)."""
+    tokenizer = tokenizer if tokenizer is not None else build_tiny_tokenizer()
     model = build_tiny_model(
         len(tokenizer),
         eos_token_id=tokenizer.eos_token_id,
@@ -96,6 +133,14 @@ def save_tiny_checkpoint(path: str | Path, *, seed: int = 0, **model_kwargs) -> 
     )
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return model, tokenizer
+
+
+def save_tiny_checkpoint(
+    path: str | Path, *, seed: int = 0, tokenizer: PreTrainedTokenizerFast | None = None, **model_kwargs
+) -> Path:
+    """``build_tiny`` saved to ``path`` (a Hugging Face folder: ``model.path`` in a config)."""
+    from agent_r1.models.loading import save_model
+
+    model, tokenizer = build_tiny(seed=seed, tokenizer=tokenizer, **model_kwargs)
+    return save_model(model, tokenizer, path)

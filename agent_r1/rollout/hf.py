@@ -308,10 +308,11 @@ class HFEngine:
         """Load a model folder (and its tokenizer, via ``load_tokenizer``) into an engine."""
         from transformers import AutoModelForCausalLM
 
-        from agent_r1.models.loading import load_tokenizer
+        from agent_r1.models.loading import load_tokenizer, quiet_progress_bars
 
         dtype = kwargs.pop("dtype", None)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
+        with quiet_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
         kwargs.setdefault("tokenizer", load_tokenizer(path, require_template=False))
         return cls(model, **kwargs)
 

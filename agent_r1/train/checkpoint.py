@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agent_r1.models.loading import save_model
+
 __all__ = [
     "CheckpointError",
     "checkpoint_problem",
@@ -90,9 +92,7 @@ def save_checkpoint(
     tmp = directory / f"{TMP_PREFIX}{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(tmp / "model")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp / "model")
+    save_model(model, tokenizer, tmp / "model")
     delay_step, _, delay_s = os.environ.get(WRITE_DELAY_ENV, "").partition(":")
     if delay_step and int(delay_step) == step:
         time.sleep(float(delay_s))

@@ -50,10 +50,12 @@ def load_critic(config: ModelConfig) -> ValueModel:
     """A value model initialised from ``config.path`` (fp32 head; body in ``config.dtype``)."""
     from transformers import AutoModel
 
+    from agent_r1.models.loading import quiet_progress_bars
     from agent_r1.train.learner import DTYPES
 
     kernel = {"attn_implementation": config.attn_implementation} if config.attn_implementation else {}
-    body = AutoModel.from_pretrained(config.path, dtype=DTYPES[config.dtype], **kernel)
+    with quiet_progress_bars():
+        body = AutoModel.from_pretrained(config.path, dtype=DTYPES[config.dtype], **kernel)
     if config.gradient_checkpointing:
         body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return ValueModel(body, body.config.hidden_size).eval()

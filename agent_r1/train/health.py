@@ -10,6 +10,10 @@ step's, an evaluation's):
   one of them did (nothing is left to learn from or to score), ``rollout_health`` returns a
   ``TrainingHalted`` naming the first error; the trainer raises it, and ``agent-r1 train`` / ``eval``
   exit with code 3.
+
+A run can also fail quietly without a single error: when (nearly) every sample of every task earns
+the same reward, group baselines give zero advantage and nothing is learned, step after step.
+``ZeroVarianceWatch`` turns that into one warning that names the likely cause and the fix.
 """
 
 from __future__ import annotations
@@ -17,11 +21,18 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent_r1.types import TrajectoryGroup, TrajectoryStatus
 
-__all__ = ["ErrorKind", "TrainingHalted", "error_kinds", "error_summary", "rollout_health"]
+__all__ = [
+    "ErrorKind",
+    "TrainingHalted",
+    "ZeroVarianceWatch",
+    "error_kinds",
+    "error_summary",
+    "rollout_health",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -131,3 +142,53 @@ def rollout_health(
     if see:
         message += f". Full tracebacks: {see}"
     return TrainingHalted(message, first.summary)
+
+
+@dataclass
+class ZeroVarianceWatch:
+    """Warns once when most groups have had zero reward variance for several consecutive steps.
+
+    A group whose samples all earn the same reward has zero advantage under a group baseline (GRPO,
+    RLOO, ...; DAPO's ``dynamic_filter`` drops it), so a run where that is true of nearly every group
+    trains on nothing. The usual cause is a policy that never succeeds (a randomly initialised or too
+    weak model, no warm start), sometimes one that always does (tasks too easy).
+
+    Feed it every training step: ``observe(step, zero_variance_groups, groups, reward_mean)`` with the
+    step's ``filter/zero_variance_groups``, the number of groups rolled out and ``reward/mean``. It
+    returns the warning text once, at the ``patience``-th consecutive step on which at least
+    ``threshold`` of the groups had zero variance, and None otherwise. A step without groups (every
+    trajectory ended in ERROR: the error budget's business) neither counts nor breaks the streak.
+    """
+
+    threshold: float = 0.9
+    patience: int = 3
+    streak: int = field(default=0, init=False)
+    warned: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"ZeroVarianceWatch.threshold must be in (0, 1], got {self.threshold}")
+        if self.patience < 1:
+            raise ValueError(f"ZeroVarianceWatch.patience must be >= 1, got {self.patience}")
+
+    def observe(
+        self, step: int, zero_variance_groups: float, groups: int, reward_mean: float | None = None
+    ) -> str | None:
+        if groups <= 0:
+            return None
+        if zero_variance_groups < self.threshold * groups:
+            self.streak = 0
+            return None
+        self.streak += 1
+        if self.warned or self.streak < self.patience:
+            return None
+        self.warned = True
+        reward = "" if reward_mean is None else f" (reward/mean {reward_mean:.3g})"
+        return (
+            f"step {step}: {zero_variance_groups:g} of {groups} groups had zero reward variance{reward}, "
+            f"and at least {self.threshold:.0%} did for {self.streak} steps in a row: every sample of a "
+            "task earns the same reward, so its advantages are zero and the policy is not learning. "
+            "Most likely the model never succeeds (a randomly initialised or too weak model): warm-start "
+            "it on demonstrations first (agent_r1.train.sft, see docs/tutorial.md, 'Warm start'); if it "
+            "always succeeds, the tasks are too easy. Look at a few trajectories: agent-r1 view RUN_DIR."
+        )

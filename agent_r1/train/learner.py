@@ -63,10 +63,10 @@ def load_policy(config: ModelConfig, *, path: str | None = None):
     and gradient checkpointing (on the CPU: the caller moves it to ``model.device``)."""
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.models.loading import model_not_found_as_error
+    from agent_r1.models.loading import model_not_found_as_error, quiet_progress_bars
 
     kernel = {"attn_implementation": config.attn_implementation} if config.attn_implementation else {}
-    with model_not_found_as_error(path or config.path, None if path else "model.path"):
+    with model_not_found_as_error(path or config.path, None if path else "model.path"), quiet_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(
             path or config.path, dtype=DTYPES[config.dtype], **kernel
         )

@@ -70,7 +70,7 @@ from agent_r1.train.batching import (
     attention_pair_cost,
     build_sequences,
     count_tokens,
-    make_micro_batches,
+    pack_trees,
     share_prefixes,
     step_rows,
 )
@@ -85,7 +85,7 @@ from agent_r1.train.builders import (
 from agent_r1.train.checkpoint import rng_state, set_rng_state
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.data import DataError, TaskSampler, check_fields, load_tasks
-from agent_r1.train.health import rollout_health
+from agent_r1.train.health import ZeroVarianceWatch, rollout_health
 from agent_r1.train.learner import MASKABLE_KERNELS, MiniBatch, TokenLoss, load_policy
 from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.run_dir import RunDir
@@ -316,6 +316,7 @@ class Trainer:
         self.run_dir: RunDir | None = None
         self.resume = resume
         self._in_flight: _InFlight | None = None
+        self.zero_variance = ZeroVarianceWatch()  # warns when nearly every group teaches nothing
 
     # ------------------------------------------------------------------ the loop
 
@@ -397,6 +398,11 @@ class Trainer:
                 filter_metrics["filter/kept_groups"] = float(len(kept))
             metrics = {**self.rollout_metrics(groups), **filter_metrics, **self.staleness_metrics(groups)}
             self.check_health(groups, step)
+            warning = self.zero_variance.observe(
+                step, filter_metrics["filter/zero_variance_groups"], len(tasks), metrics.get("reward/mean")
+            )
+            if warning:
+                logger.warning(warning)
             advantages = None
             batch = None
             if kept:
@@ -503,12 +509,9 @@ class Trainer:
         for part in parts:
             keep = torch.isin(sequence_traj, part).tolist()
             chosen = [s for s, kept in zip(sequences, keep, strict=True) if kept]
-            micro_batches.append(
-                make_micro_batches(chosen, rows, cfg.micro_batch_tokens, pair_cost=self.pair_cost)
-            )
-            train_tokens += count_tokens(
-                share_prefixes(chosen, pair_cost=self.pair_cost, max_width=cfg.micro_batch_tokens)
-            )
+            trees = share_prefixes(chosen, pair_cost=self.pair_cost, max_width=cfg.micro_batch_tokens)
+            micro_batches.append(pack_trees(trees, rows, cfg.micro_batch_tokens))
+            train_tokens += count_tokens(trees)
         batch = StepBatch(
             groups, trajectories, rows, table, valid_NL, tokens, parts, micro_batches, train_tokens, {}
         )

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from batching_support import layout_logprobs_and_grads, reference_logprobs
 
 from agent_r1.train.batching import (
     SOFTMAX_MACS,
@@ -71,19 +72,6 @@ def test_packing_respects_the_budget_and_keeps_every_sequence():
     assert len(bins) < len(sequences)
 
 
-def _unpacked_reference_logprobs(model, trajectories):
-    """The definition: one forward per step over its own prompt + response, batch of one."""
-    out = []
-    for trajectory in trajectories:
-        for step in trajectory.steps:
-            ids = torch.tensor([step.prompt_ids + step.response_ids])
-            logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float() / 0.7, -1)
-            p = len(step.prompt_ids)
-            positions = torch.arange(p - 1, p - 1 + len(step.response_ids))
-            out.append(logprobs[positions, torch.tensor(step.response_ids)])
-    return torch.cat(out)
-
-
 def _layout_logprobs(model, trajectories, *, merge, budget):
     rows = step_rows(trajectories)
     micro_batches = make_micro_batches(build_sequences(trajectories, merge=merge), rows, budget)
@@ -99,7 +87,7 @@ def test_merged_and_per_step_layouts_give_the_same_logprobs(model, budget):
     rng = random.Random(2)
     trajectories = [_multi_turn(rng, 4), _multi_turn(rng, 3, rewrite_at=1), _multi_turn(rng, 1)]
     with torch.no_grad():
-        expected = _unpacked_reference_logprobs(model, trajectories)
+        expected = reference_logprobs(model, trajectories)
         merged, merged_mbs = _layout_logprobs(model, trajectories, merge=True, budget=budget)
         per_step, step_mbs = _layout_logprobs(model, trajectories, merge=False, budget=budget)
     assert torch.allclose(merged, expected, atol=1e-5, rtol=0)
@@ -180,22 +168,14 @@ def test_prefix_trees_give_the_per_step_logprobs_and_gradients(tiny_checkpoint, 
     )
     rng = random.Random(5)
     trajectories = _groups(rng, 3, 4, 2) + [_multi_turn(rng, 3, rewrite_at=1)]
-    rows = step_rows(trajectories)
-    weights = torch.randn(rows.num_tokens, generator=torch.Generator().manual_seed(1))
 
     def run(pair_cost, budget):
-        model.zero_grad(set_to_none=True)
-        micro_batches = make_micro_batches(build_sequences(trajectories), rows, budget, pair_cost=pair_cost)
-        out = torch.zeros(rows.num_tokens)
-        for mb in micro_batches:
-            logprobs_K, _ = micro_batch_logprobs(model, mb, 0.7)
-            out = out.index_put((mb.flat_index_K,), logprobs_K)
-        (weights * out).sum().backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        return out.detach(), grads, micro_batches
+        return layout_logprobs_and_grads(
+            model, trajectories, merge=True, pair_cost=pair_cost, budget=budget, seed=1
+        )
 
     with torch.no_grad():
-        expected = _unpacked_reference_logprobs(model, trajectories)
+        expected = reference_logprobs(model, trajectories)
     plain, plain_grads, plain_mbs = run(None, 4096)
     for budget in (4096, 120):
         trees, tree_grads, tree_mbs = run(1e-3, budget)

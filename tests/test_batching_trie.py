@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from batching_support import layout_logprobs_and_grads, reference_logprobs
 
 from agent_r1.train.batching import (
     PrefixTree,
@@ -20,7 +21,6 @@ from agent_r1.train.batching import (
     share_prefixes,
     step_rows,
 )
-from agent_r1.train.learner import micro_batch_logprobs
 from agent_r1.types import Step, Trajectory
 
 
@@ -156,36 +156,6 @@ def _rerendered(rng: random.Random, system: list[int], turns: int) -> Trajectory
     return Trajectory(task_id="r", steps=tuple(steps))
 
 
-def _reference_logprobs(model, trajectories) -> torch.Tensor:
-    """The definition: one forward per step over its own prompt + response, batch of one."""
-    out = []
-    for trajectory in trajectories:
-        for step in trajectory.steps:
-            ids = torch.tensor([step.prompt_ids + step.response_ids])
-            logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float() / 0.7, -1)
-            p = len(step.prompt_ids)
-            out.append(
-                logprobs[torch.arange(p - 1, p - 1 + len(step.response_ids)), torch.tensor(step.response_ids)]
-            )
-    return torch.cat(out)
-
-
-def _run(model, trajectories, *, merge: bool, pair_cost, budget):
-    rows = step_rows(trajectories)
-    weights = torch.randn(rows.num_tokens, generator=torch.Generator().manual_seed(7))
-    model.zero_grad(set_to_none=True)
-    micro_batches = make_micro_batches(
-        build_sequences(trajectories, merge=merge), rows, budget, pair_cost=pair_cost
-    )
-    out = torch.zeros(rows.num_tokens)
-    for mb in micro_batches:
-        logprobs_K, _ = micro_batch_logprobs(model, mb, 0.7)
-        out = out.index_put((mb.flat_index_K,), logprobs_K)
-    (weights * out).sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out.detach(), grads, micro_batches
-
-
 def _groups_sharing_a_system_prompt(rng: random.Random, system: list[int]) -> list[Trajectory]:
     """Three GRPO groups (different tasks) of three 2-turn append-context samples, one system prompt."""
     trajectories = []
@@ -235,11 +205,15 @@ def test_tries_give_the_per_step_logprobs_and_gradients(tiny_checkpoint, kernel)
 
     for name, trajectories in cases.items():
         with torch.no_grad():
-            expected = _reference_logprobs(model, trajectories)
-        plain, plain_grads, plain_mbs = _run(model, trajectories, merge=False, pair_cost=None, budget=4096)
+            expected = reference_logprobs(model, trajectories)
+        plain, plain_grads, plain_mbs = layout_logprobs_and_grads(
+            model, trajectories, merge=False, pair_cost=None, budget=4096, seed=7
+        )
         assert torch.allclose(plain, expected, atol=1e-5, rtol=0), name
         for budget in (4096, 150):
-            out, grads, mbs = _run(model, trajectories, merge=True, pair_cost=1e-6, budget=budget)
+            out, grads, mbs = layout_logprobs_and_grads(
+                model, trajectories, merge=True, pair_cost=1e-6, budget=budget, seed=7
+            )
             assert any(mb.attention_BTT is not None for mb in mbs), name
             assert sum(mb.num_tokens for mb in mbs) < sum(mb.num_tokens for mb in plain_mbs), name
             assert torch.allclose(out, expected, atol=1e-5, rtol=0), (name, budget)

@@ -1,0 +1,42 @@
+"""What the batching tests compare layouts against: the per-step definition of the log-probs, and one
+layout's log-probs and gradients (tests/test_batching.py, tests/test_batching_trie.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+from agent_r1.train.learner import micro_batch_logprobs
+
+TEMPERATURE = 0.7
+
+
+def reference_logprobs(model, trajectories) -> torch.Tensor:
+    """The definition: one forward per step over its own prompt + response, batch of one."""
+    out = []
+    for trajectory in trajectories:
+        for step in trajectory.steps:
+            ids = torch.tensor([step.prompt_ids + step.response_ids])
+            logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float() / TEMPERATURE, -1)
+            p = len(step.prompt_ids)
+            positions = torch.arange(p - 1, p - 1 + len(step.response_ids))
+            out.append(logprobs[positions, torch.tensor(step.response_ids)])
+    return torch.cat(out)
+
+
+def layout_logprobs_and_grads(model, trajectories, *, merge: bool, pair_cost, budget: int, seed: int):
+    """The scored tokens' log-probs through ``make_micro_batches``, the gradients of a fixed random
+    weighting of them, and the micro-batches."""
+    rows = step_rows(trajectories)
+    weights = torch.randn(rows.num_tokens, generator=torch.Generator().manual_seed(seed))
+    model.zero_grad(set_to_none=True)
+    micro_batches = make_micro_batches(
+        build_sequences(trajectories, merge=merge), rows, budget, pair_cost=pair_cost
+    )
+    out = torch.zeros(rows.num_tokens)
+    for mb in micro_batches:
+        logprobs_K, _ = micro_batch_logprobs(model, mb, TEMPERATURE)
+        out = out.index_put((mb.flat_index_K,), logprobs_K)
+    (weights * out).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach(), grads, micro_batches

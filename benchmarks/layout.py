@@ -264,14 +264,19 @@ def main() -> None:
             model, trajectories, token_budget=args.token_budget
         ),
     }
-    shape = dict(system_len=args.system_len, task_len=args.task_len, vocab=vocab, seed=1)
+    shape = dict(
+        system_len=args.system_len,
+        task_len=args.task_len,
+        vocab=vocab,
+        seed=1,
+        response_len=args.group_response_len,
+        observation_len=args.group_observation_len,
+    )
     window_case = group_trajectories(
         args.groups,
         args.window_samples,
         args.window_turns,
         window=args.window,
-        response_len=args.group_response_len,
-        observation_len=args.group_observation_len,
         **shape,
     )
     group_case = group_trajectories(
@@ -279,8 +284,6 @@ def main() -> None:
         args.group_samples,
         args.group_turns,
         window=None,
-        response_len=args.group_response_len,
-        observation_len=args.group_observation_len,
         **shape,
     )
     rerender_case = group_trajectories(
@@ -289,8 +292,6 @@ def main() -> None:
         args.window_turns,
         window=None,
         rerendered=True,
-        response_len=args.group_response_len,
-        observation_len=args.group_observation_len,
         **shape,
     )
     sharing = {

@@ -133,7 +133,7 @@ class StepBatch:
     rows: StepRows
     table: StepTable
     valid_NL: Tensor  # (N, L) bool: which padded entries of the table are real tokens
-    # name -> (num_tokens,): mask, sampler_logprobs, step_ids, traj_ids, group_ids, [old_logprobs,
+    # name -> (num_tokens,): mask, sampler_logprobs, step_ids, traj_ids, [old_logprobs,
     # ref_logprobs, old_values, value_mask, off_policy_weight, off_policy_keep]
     tokens: dict[str, Tensor]
     mini_batch_trajectories: list[Tensor]  # j -> the trajectory ids (table.traj_index) of mini-batch j
@@ -498,7 +498,6 @@ class Trainer:
             "sampler_logprobs": table.old_logprobs[valid_NL],
             "step_ids": torch.arange(len(lengths_N)).repeat_interleave(lengths_N),
             "traj_ids": table.traj_index.repeat_interleave(lengths_N),
-            "group_ids": table.group_index.repeat_interleave(lengths_N),
         }
         parts = self._mini_batch_trajectories(table, step)
         sequences = build_sequences(trajectories, merge=True)
@@ -588,7 +587,9 @@ class Trainer:
         """Phase 6: ``ppo_epochs`` passes over the step's mini-batches (in a fresh order each epoch),
         one optimizer step each."""
         cfg = self.config.trainer
-        tokens = {**batch.tokens, "advantages": advantages.advantages, "returns": advantages.returns}
+        tokens = {**batch.tokens, "advantages": advantages.advantages}
+        if self.learner.has_critic:  # every field is gathered to every micro-batch: only what is read
+            tokens["returns"] = advantages.returns
         history: list[dict[str, float]] = []
         splits = len(batch.micro_batches)
         for epoch in range(cfg.ppo_epochs):

@@ -33,8 +33,6 @@ whole, then sent as the API's chunks. A response with a malformed call comes bac
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import secrets
 import time
@@ -52,9 +50,11 @@ from agent_r1.rollout.openai_api import (
     ApiError,
     BadRequest,
     NotFound,
+    bearer_matches,
     engine_error,
     error_response,
     json_endpoint,
+    key_digest,
     sampling_params,
 )
 from agent_r1.rollout.openai_api import (
@@ -290,7 +290,7 @@ class GatewaySession:
         self.max_calls = max_calls
         self.records: list[CallRecord] = []
         self.closed = False
-        self._key_digest = hashlib.sha256(self.api_key.encode()).digest()
+        self._key_digest = key_digest(self.api_key)
         self._turns: list[_Turn] = []
         self._raw: dict[str, str] = {}  # normalised assistant message returned -> the model's raw text
         self._started = 0
@@ -308,9 +308,7 @@ class GatewaySession:
         self.gateway.sessions.pop(self.id, None)
 
     def authorized(self, header: str) -> bool:
-        scheme, _, token = header.partition(" ")
-        given = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).digest()
-        return scheme.lower() == "bearer" and hmac.compare_digest(given, self._key_digest)
+        return bearer_matches(header, self._key_digest)
 
     # ------------------------------------------------------------------ one call
 

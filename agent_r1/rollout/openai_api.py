@@ -8,6 +8,8 @@ server does not have, 500 for a bug, which is logged.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -21,14 +23,30 @@ __all__ = [
     "ApiError",
     "BadRequest",
     "NotFound",
+    "bearer_matches",
     "engine_error",
     "error_response",
     "field",
     "json_endpoint",
+    "key_digest",
     "sampling_params",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def key_digest(api_key: str) -> bytes:
+    """The digest an API key is checked against (``bearer_matches``)."""
+    return hashlib.sha256(api_key.encode("utf-8", "surrogatepass")).digest()
+
+
+def bearer_matches(authorization: str, expected: bytes) -> bool:
+    """Whether an ``Authorization`` header is ``Bearer <the key of expected>``. Digests of equal length
+    are compared with ``hmac.compare_digest``, so the time taken does not reveal how much of a guess
+    was right."""
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(key_digest(token.strip()), expected)
+
 
 # Integers go to torch as int64 (seeds, top_k): a larger one would fail inside the engine.
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1

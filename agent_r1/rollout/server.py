@@ -26,8 +26,6 @@ A client that disconnects cancels its request: the engine stops generating for i
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import ipaddress
 import time
 import uuid
@@ -41,10 +39,12 @@ from agent_r1.rollout.base import Engine
 from agent_r1.rollout.openai_api import (
     BadRequest,
     NotFound,
+    bearer_matches,
     engine_error,
     error_response,
     field,
     json_endpoint,
+    key_digest,
     sampling_params,
 )
 from agent_r1.types import Completion, SamplingParams
@@ -269,22 +269,20 @@ def _require_api_key(api_key: str):
     """Middleware: every path but ``/health`` needs ``Authorization: Bearer <api_key>``.
 
     Guarding everything except the one public path (rather than matching ``/v1/...``) leaves no
-    route open by a spelling the check did not foresee. Digests of equal length are compared with
-    ``hmac.compare_digest`` so the time taken does not reveal how much of a guess was right.
+    route open by a spelling the check did not foresee (``bearer_matches``: constant-time).
     """
-    expected = hashlib.sha256(api_key.encode("utf-8")).digest()
+    expected = key_digest(api_key)
 
     @web.middleware
     async def require_api_key(request: web.Request, handler) -> web.StreamResponse:
-        if request.path != "/health":
-            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            given = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).digest()
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given, expected):
-                response = error_response(
-                    401, "invalid or missing API key (Authorization: Bearer ...)", "authentication_error"
-                )
-                response.headers["WWW-Authenticate"] = "Bearer"
-                return response
+        if request.path != "/health" and not bearer_matches(
+            request.headers.get("Authorization", ""), expected
+        ):
+            response = error_response(
+                401, "invalid or missing API key (Authorization: Bearer ...)", "authentication_error"
+            )
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
         return await handler(request)
 
     return require_api_key

@@ -138,6 +138,8 @@ class Completion:
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under ``softmax(logits / temperature)``
     (see the module docstring). With ``temperature == 0`` (greedy) it is the log-softmax of the raw
     logits. ``error`` is set when ``finish_reason`` is ABORT because this request failed.
+    ``policy_version``: the policy version whose weights sampled every token (set by
+    ``agent_r1.rollout.versioned.VersionedEngine``; None when nothing tracks versions).
     """
 
     token_ids: tuple[int, ...]
@@ -145,6 +147,7 @@ class Completion:
     finish_reason: StopReason
     text: str | None = None
     error: str | None = None
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", _tuple_of_ints(self.token_ids))

@@ -185,8 +185,8 @@ def test_async_mode_overlaps_rollout_and_update_within_the_staleness_bound(
     config = _config(
         tiny_checkpoint,
         tmp_path,
-        trainer={"steps": 4},
-        distributed={"mode": "async", "max_staleness": 2, "num_rollout_actors": 1, "num_learner_workers": 1},
+        trainer={"steps": 4, "mode": "async", "max_staleness": 2, "partial_rollouts": False},
+        distributed={"num_rollout_actors": 1, "num_learner_workers": 1},
         algorithm={"off_policy": "tis"},
     )
     Trainer(config, train_tasks=tasks(16)).fit()
@@ -198,6 +198,28 @@ def test_async_mode_overlaps_rollout_and_update_within_the_staleness_bound(
     versions = [{s["policy_version"] for t in _dump(tmp_path, k) for s in t["steps"]} for k in (1, 2, 3, 4)]
     assert versions == [{0}, {0}, {0}, {2}]
     assert all(rows[s]["update/skipped"] == 0 and math.isfinite(rows[s]["loss/policy"]) for s in rows)
+
+
+def test_async_partial_rollouts_on_ray_land_each_update_in_the_rollout_in_flight(
+    cluster, tiny_checkpoint, tmp_path
+):
+    """The same mechanism as in one process (tests/test_async.py): each actor swaps weights between
+    requests, so step k's samples come from version k-2 or, once update k-1 lands, k-1."""
+    config = _config(
+        tiny_checkpoint,
+        tmp_path,
+        trainer={"steps": 4, "mode": "async"},
+        distributed={"num_rollout_actors": 1, "num_learner_workers": 1},
+        algorithm={"off_policy": "tis"},
+    )
+    Trainer(config, train_tasks=tasks(16)).fit()
+    rows = _rows(tmp_path)
+    for step in (1, 2, 3, 4):
+        assert rows[step]["async/staleness_max"] <= 1 and rows[step]["update/skipped"] == 0
+        versions = {s["policy_version"] for t in _dump(tmp_path, step) for s in t["steps"]}
+        assert versions <= {max(step - 2, 0), step - 1}
+        if step > 1:  # rollout k was submitted before update k-1 began
+            assert rows[step]["timeline/rollout_start"] <= rows[step - 1]["timeline/update_start"]
 
 
 def test_a_dead_learner_worker_stops_the_run_and_cli_resume_continues_it(

@@ -27,11 +27,17 @@ def test_example_ray_configs_load(name):
 
 
 def test_async_mode_needs_an_importance_sampling_correction():
-    with pytest.raises(ConfigError, match="distributed.mode.*algorithm.off_policy"):
-        config_from_dict({"distributed": {"backend": "ray", "mode": "async"}})
-    config_from_dict({"distributed": {"backend": "ray", "mode": "async"}, "algorithm": {"off_policy": "tis"}})
+    with pytest.raises(ConfigError, match="trainer.mode.*algorithm.off_policy"):
+        config_from_dict({"distributed": {"backend": "ray"}, "trainer": {"mode": "async"}})
     config_from_dict(
-        {"distributed": {"backend": "ray", "mode": "async"}, "algorithm": {"old_logprobs": "sampler"}}
+        {"distributed": {"backend": "ray"}, "trainer": {"mode": "async"}, "algorithm": {"off_policy": "tis"}}
+    )
+    config_from_dict(
+        {
+            "distributed": {"backend": "ray"},
+            "trainer": {"mode": "async"},
+            "algorithm": {"old_logprobs": "sampler"},
+        }
     )
 
 
@@ -40,7 +46,6 @@ def test_async_mode_needs_an_importance_sampling_correction():
     [
         ("backend", "spark", "must be one of"),
         ("num_rollout_actors", 0, "must be > 0"),
-        ("max_staleness", 0, "must be > 0"),
         ("torch_backend", "mpi", "must be one of"),
         ("strategy", "zero3", "must be one of"),
         ("rollout_num_gpus", -1, "must be >= 0"),
@@ -59,9 +64,20 @@ def test_ray_refuses_objects_built_in_the_driver_before_starting_anything():
         Trainer(config, model=object(), engine=object())
 
 
-def test_async_needs_the_ray_backend():
-    with pytest.raises(ConfigError, match="distributed.mode.*needs distributed.backend: ray"):
-        config_from_dict({"distributed": {"mode": "async"}, "algorithm": {"off_policy": "tis"}})
+def test_async_in_one_process_needs_an_engine_with_its_own_weights():
+    tis = {"off_policy": "tis"}
+    with pytest.raises(ConfigError, match="rollout.share_model.*own copy.*share_model: false"):
+        config_from_dict({"trainer": {"mode": "async"}, "algorithm": tis})
+    config_from_dict({"trainer": {"mode": "async"}, "rollout": {"share_model": False}, "algorithm": tis})
+    config_from_dict({"trainer": {"mode": "async"}, "rollout": {"engine": "vllm"}, "algorithm": tis})
+    with pytest.raises(ConfigError, match="trainer.max_staleness.*must be > 0"):
+        config_from_dict({"trainer": {"max_staleness": 0}})
+
+
+@pytest.mark.parametrize("old, new", [("mode", "trainer.mode"), ("max_staleness", "trainer.max_staleness")])
+def test_the_async_keys_moved_to_the_trainer_with_a_message_saying_where(old, new):
+    with pytest.raises(ConfigError, match=f"distributed.{old}.*moved to '?{new}"):
+        config_from_dict({"distributed": {old: 1}})
 
 
 @pytest.mark.parametrize(

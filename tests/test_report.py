@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_r1.report import load_run, render_html, write_report
-from agent_r1.report.html import chart_groups, embed_json
+from agent_r1.report.html import chart_groups, embed_json, overlap_fraction, phase_timeline
 from agent_r1.report.run import ContextChange, metric_series, prompt_segments, read_metrics
 from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus, read_jsonl, write_jsonl
 
@@ -227,6 +227,11 @@ def make_run_dir(root: Path, tokenizer, *, train_steps: int = 8, dump_every: int
                 "time/sync": 1.5,
                 "custom/buffer_size": 64 * step,
                 "run_name": "demo",  # not numeric: ignored
+                # async: rollout k+1 runs during the first half of update k (step 1's before it)
+                "timeline/rollout_start": t0 + 10 * (step - 1),
+                "timeline/rollout_end": t0 + 10 * (step - 1) + (9 if step == 1 else 4),
+                "timeline/update_start": t0 + 10 * step,
+                "timeline/update_end": t0 + 10 * step + 8,
             }
             if step == 5:
                 del row["kl/mean"]  # any key may be missing
@@ -283,6 +288,23 @@ def test_metrics_are_read_leniently_and_grouped_by_prefix(run_dir):
         "time/update",
         "time/sync",
     }
+
+
+def test_the_phase_timeline_is_drawn_from_its_own_metrics_not_charted(run_dir):
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert not any(c["prefix"] == "timeline" for c in chart_groups(metric_series(rows)))
+    timeline = phase_timeline(rows)
+    assert [r["step"] for r in timeline] == list(range(1, 9))
+    assert timeline[0] == {"step": 1, "rollout": [0.0, 9.0], "update": [10.0, 18.0]}
+    assert timeline[1] == {"step": 2, "rollout": [10.0, 14.0], "update": [20.0, 28.0]}
+    # Updates 1-7 each overlap the next rollout for 4 of their 8 s; update 8 has none after it.
+    assert overlap_fraction(timeline) == pytest.approx(7 * 4 / (8 * 8))
+    sync = [
+        {"step": k, "rollout": [10.0 * k, 10.0 * k + 6], "update": [10.0 * k + 6, 10.0 * k + 9]}
+        for k in range(3)
+    ]
+    assert overlap_fraction(sync) == 0.0
+    assert phase_timeline([{"step": 1, "reward/mean": 0.5}]) == [] and overlap_fraction([]) is None
 
 
 def test_bad_metrics_lines_are_named_but_a_half_written_last_line_is_skipped(tmp_path):
@@ -531,6 +553,8 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
             reward_chart.hover()
             assert "step" in page.locator('.chart[data-prefix="reward"] .tooltip').inner_text()
             assert page.locator(".eval-table tbody tr").count() == 2
+            assert page.locator("#timeline svg rect").count() == 16  # a rollout and an update per step
+            assert "overlapped a rollout 44% of its time" in page.locator("#timeline-section").inner_text()
 
             # Clicking a trajectory shows its steps, with tool calls and low-probability tokens.
             items = page.locator(".traj-item")

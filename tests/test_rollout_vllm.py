@@ -69,6 +69,23 @@ def test_the_trainer_with_vllm_engines_samples_with_the_trained_weights(backend)
     assert results["gap_to_synced_weights"] < 1e-2 < results["gap_to_initial_weights"]
 
 
+def test_async_training_in_one_process_with_vllm_stamps_each_step_with_the_weights_that_sampled_it():
+    """``trainer.mode: async`` with the in-process vLLM engine: the rollout runs on a rollout thread
+    while the learner updates, each update lands mid-rollout between requests, and every step's
+    sampler log-probs are those of the version it records (tests/vllm/check_trainer_vllm.py)."""
+    env = {**ENV, "PYTHONPATH": str(REPO / "tests"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), "tests/vllm/check_trainer_vllm.py", "none", "async"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    print("vLLM async trainer:", json.loads(line.removeprefix("RESULT ")))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

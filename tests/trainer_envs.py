@@ -8,7 +8,10 @@ sequence). A random tiny model earns about 0.5 per turn; a policy gradient raise
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent_r1.envs.base import AgentEnv
 from agent_r1.types import Action, Observation, StepResult, Task
@@ -64,3 +67,22 @@ class ReinforceObjective:
         live = tokens["mask"] > 0
         mean_logprob = float((logprobs_K.detach() * live).sum() / live.sum().clamp(min=1))
         return loss_K, {"custom/mean_logprob": mean_logprob}
+
+
+class KillOnceEnv(LowByteEnv):
+    """``LowByteEnv`` that counts its resets in ``counter`` (a file) and SIGKILLs its own process at
+    reset number ``kill_at``, once (``counter`` + ".killed" marks it): a crash at an exact point of a
+    rollout, for the resume tests. Resets run on one event loop, one at a time."""
+
+    def __init__(self, tokenizer, counter: str, kill_at: int) -> None:
+        super().__init__(tokenizer)
+        self.counter, self.kill_at = Path(counter), kill_at
+
+    async def reset(self, task: Task) -> Observation:
+        count = (int(self.counter.read_text()) if self.counter.exists() else 0) + 1
+        self.counter.write_text(str(count))
+        marker = Path(f"{self.counter}.killed")
+        if count == self.kill_at and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await super().reset(task)

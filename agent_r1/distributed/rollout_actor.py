@@ -11,12 +11,15 @@ Seeding: an actor seeds requests with ``agent_r1.rollout.seeded.SeededEngine``, 
 two tasks of a step share a prompt. A re-queued sample gets a fresh seed base (``:retry<k>``): its
 siblings' seeds are not reused, so a restart never duplicates a trajectory.
 
-Versions: weights change only while an actor has no sample in flight (``update_weights`` refuses
-otherwise), so every step of a trajectory is stamped with the one policy version that sampled it.
+Versions: an actor's engine swaps weights only between requests (``agent_r1.rollout.versioned``):
+``update_weights`` waits for the requests being sampled and holds the next ones, so every step is
+stamped with the one policy version that sampled it, also when the swap lands mid-trajectory
+(``trainer.partial_rollouts``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +27,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from agent_r1.rollout.versioned import VersionedEngine
 from agent_r1.train.config import TrainConfig
 from agent_r1.types import Task, Trajectory, TrajectoryGroup
 
@@ -98,19 +102,19 @@ class RolloutActor:
         tokenizer = load_config_tokenizer(config)
         rollout = config.rollout
         # The weights at model.path, frozen (the engine only samples; the learner pushes updates).
-        self.engine = build_engine(
-            rollout.engine,
-            config.model.path,
-            tokenizer=tokenizer,
-            dtype=config.model.dtype,
-            max_batch_size=rollout.max_batch_size,
-            **rollout.engine_kwargs,
+        self.engine = VersionedEngine(
+            build_engine(
+                rollout.engine,
+                config.model.path,
+                tokenizer=tokenizer,
+                dtype=config.model.dtype,
+                max_batch_size=rollout.max_batch_size,
+                **rollout.engine_kwargs,
+            )
         )
         make_env = env_factory(config, tokenizer)
         self.flow = agent_loop(config, tokenizer, make_env, sampling_params(config))
         self.eval_flow = agent_loop(config, tokenizer, make_env, eval_sampling_params(config))
-        self.version = 0
-        self.in_flight = 0
         self._groups: dict[tuple[str, int, int], _GroupSeeds] = {}
         self._seed_base = ""
 
@@ -130,31 +134,25 @@ class RolloutActor:
             self._groups[key] = _GroupSeeds(engine)
         return _OrderedSample(self._groups[key])
 
-    async def sample(self, request: SampleRequest) -> tuple[Trajectory, int]:
-        """One trajectory and its start order within its group on this actor; a failing flow becomes
-        an ERROR trajectory (as in ``rollout_group``)."""
+    async def sample(self, request: SampleRequest) -> tuple[Trajectory, int, float]:
+        """One trajectory, its start order within its group on this actor and when it finished
+        (``time.time()``); a failing flow becomes an ERROR trajectory (as in ``rollout_group``)."""
         from agent_r1.flows.base import rollout_group
+        from agent_r1.train.backends import stamp_version
 
         flow = self.eval_flow if request.evaluation else self.flow
-        version = self.version
         engine = self._engine_for(request)
-        self.in_flight += 1
-        try:
-            group = await rollout_group(flow, engine, request.task, 1, request.group_id)
-        finally:
-            self.in_flight -= 1
+        swaps, version = self.engine.swaps, self.engine.version
+        group = await rollout_group(flow, engine, request.task, 1, request.group_id)
+        if self.engine.swaps == swaps:  # sampled by one version, whatever the flow stamped
+            group = stamp_version(group, version)
         (trajectory,) = group.trajectories
-        steps = tuple(replace(s, policy_version=version) for s in trajectory.steps)
-        return replace(trajectory, steps=steps), engine.order if engine.order is not None else -1
+        return trajectory, engine.order if engine.order is not None else -1, time.time()
 
-    def update_weights(self, named_tensors: Sequence[tuple[str, Any]], version: int) -> int:
-        if self.in_flight:
-            raise RuntimeError(
-                f"rollout actor {self.slot}: weights must not change while {self.in_flight} samples "
-                "are in flight (each trajectory is sampled by one policy version)"
-            )
-        self.engine.update_weights(named_tensors, version)
-        self.version = version
+    async def update_weights(self, named_tensors: Sequence[tuple[str, Any]], version: int) -> int:
+        """Swap in new weights between requests (in-flight samples continue from their next step)."""
+        raw = self.engine.engine
+        await self.engine.swap(lambda: raw.update_weights(named_tensors, version), version)
         return version
 
 
@@ -170,6 +168,8 @@ class RolloutJob:
     # sort key of each sample inside its group: (attempt, start order on its actor, sample index)
     order: dict[SampleKey, tuple[int, int, int]] = field(default_factory=dict)
     requeued: list[SampleKey] = field(default_factory=list)
+    started: float = field(default_factory=time.time)  # wall-clock submit time
+    finished: float | None = None  # when its last sample finished on its actor
 
 
 class RolloutPool:
@@ -237,7 +237,7 @@ class RolloutPool:
             (ref,), _ = ray.wait(list(job.pending), num_returns=1)
             request, slot, generation = job.pending.pop(ref)
             try:
-                trajectory, order = ray.get(ref)
+                trajectory, order, finished = ray.get(ref)
             except RayActorError as error:
                 if generation == self.generations[slot]:
                     restarts_here += 1
@@ -254,6 +254,7 @@ class RolloutPool:
             if request.key in job.done:
                 raise RuntimeError(f"sample {request.key} came back twice")
             job.done[request.key] = trajectory
+            job.finished = max(job.finished or finished, finished)
             job.order[request.key] = (request.attempt, order, request.key.sample_index)
             if on_result is not None:
                 on_result(request.key, slot)

@@ -202,6 +202,7 @@ class SingleStepFlow(AgentFlow):
             terminated=True,
             stop_reason=completion.finish_reason,
             response_text=text,
+            policy_version=completion.policy_version or 0,
             timings={"generate": generate_s},
         )
         return Trajectory(task_id(task), (step,), outcome_reward=reward)
@@ -286,6 +287,7 @@ class AgentEnvLoop(AgentFlow):
                         truncated=result.truncated,
                         stop_reason=completion.finish_reason,
                         response_text=text,
+                        policy_version=completion.policy_version or 0,
                         info=dict(result.info),
                         timings={"generate": generate_s, "env_step": env_step_s},
                     )

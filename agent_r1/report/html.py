@@ -18,7 +18,15 @@ from typing import Any
 
 from agent_r1.report.run import RunData, load_run, metric_series
 
-__all__ = ["CHART_ORDER", "chart_groups", "embed_json", "render_html", "write_report"]
+__all__ = [
+    "CHART_ORDER",
+    "chart_groups",
+    "embed_json",
+    "overlap_fraction",
+    "phase_timeline",
+    "render_html",
+    "write_report",
+]
 
 CHART_ORDER: dict[str, str] = {
     "reward": "Reward",
@@ -42,11 +50,18 @@ other prefixes follow alphabetically, titled by their prefix."""
 _SUMMARY_KEYS = ("reward/mean", "success/mean", "eval/reward", "eval/success", "throughput/tokens_per_s")
 
 
+_NOT_CHARTED = ("timeline",)  # wall-clock moments: drawn as the phase timeline, not as curves
+
+_PHASES = ("rollout", "update")
+
+
 def chart_groups(series: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
     """Group metric series by prefix into charts: ``[{"title", "series": [{"key", "points"}]}]``."""
     groups: dict[str, list[str]] = {}
     for key in series:
-        groups.setdefault(key.split("/", 1)[0], []).append(key)
+        prefix = key.split("/", 1)[0]
+        if prefix not in _NOT_CHARTED:
+            groups.setdefault(prefix, []).append(key)
     ordered = [p for p in CHART_ORDER if p in groups] + sorted(p for p in groups if p not in CHART_ORDER)
     return [
         {
@@ -56,6 +71,62 @@ def chart_groups(series: dict[str, list[tuple[float, float]]]) -> list[dict[str,
         }
         for prefix in ordered
     ]
+
+
+def phase_timeline(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per training step, when its rollout and its update ran: ``[{"step", "rollout": [start, end],
+    "update": [start, end]}]`` in seconds since the first logged moment (``timeline/*`` metrics,
+    ``time.time()`` values, so a resumed run's steps follow the earlier ones)."""
+    rows = []
+    for row in metrics:
+        spans = {
+            phase: [row[f"timeline/{phase}_start"], row[f"timeline/{phase}_end"]]
+            for phase in _PHASES
+            if row.get(f"timeline/{phase}_start") is not None and row.get(f"timeline/{phase}_end") is not None
+        }
+        if spans and row.get("step") is not None:
+            rows.append({"step": row["step"], **spans})
+    if not rows:
+        return []
+    origin = min(row[phase][0] for row in rows for phase in _PHASES if phase in row)
+    for row in rows:
+        for phase in _PHASES:
+            if phase in row:
+                row[phase] = [row[phase][0] - origin, row[phase][1] - origin]
+    return rows
+
+
+def overlap_fraction(timeline: list[dict[str, Any]]) -> float | None:
+    """The fraction of update time during which a rollout was sampling (0 in sync mode, where they
+    alternate; async mode hides sampling behind the update)."""
+    rollouts = [row["rollout"] for row in timeline if "rollout" in row]
+    updates = [row["update"] for row in timeline if "update" in row]
+    total = sum(end - start for start, end in updates)
+    if not rollouts or total <= 0:
+        return None
+    covered = 0.0
+    for start, end in updates:
+        cuts = sorted((max(a, start), min(b, end)) for a, b in rollouts if a < end and b > start)
+        reach = start
+        for a, b in cuts:
+            covered += max(0.0, b - max(a, reach))
+            reach = max(reach, b)
+    return covered / total
+
+
+def _timeline_section(timeline: list[dict[str, Any]]) -> str:
+    if not timeline:
+        return '<p class="empty">No phase timeline (<code>timeline/*</code> metrics) in metrics.jsonl.</p>'
+    overlap = overlap_fraction(timeline)
+    said = (
+        f"the update overlapped a rollout {overlap:.0%} of its time"
+        if overlap is not None
+        else "no overlap measured"
+    )
+    return (
+        f'<p class="note">When each step\'s rollout and update ran (wall clock); {html.escape(said)}.</p>'
+        '<div id="timeline" class="timeline"></div>'
+    )
 
 
 def embed_json(data: Any) -> str:
@@ -121,8 +192,10 @@ def _static(name: str) -> str:
 def render_html(run: RunData, *, title: str | None = None) -> str:
     """The whole page for ``run``, as one string."""
     title = title or f"agent-r1 run: {run.run_dir.resolve().name}"
+    timeline = phase_timeline(run.metrics)
     data = {
         "charts": chart_groups(metric_series(run.metrics)),
+        "timeline": timeline,
         "trajectories": run.trajectories,
         "dumped_steps": run.dumped_steps,
         "embedded_steps": run.embedded_steps,
@@ -147,11 +220,12 @@ def render_html(run: RunData, *, title: str | None = None) -> str:
 <header>
   <h1>{html.escape(title)}</h1>
   <div class="meta">{html.escape(str(run.run_dir.resolve()))} · generated {html.escape(generated)}</div>
-  <nav><a href="#curves">Training curves</a><a href="#evaluation">Evaluation</a><a href="#trajectories">Trajectories</a><a href="#config">Config</a></nav>
+  <nav><a href="#curves">Training curves</a><a href="#timeline-section">Timeline</a><a href="#evaluation">Evaluation</a><a href="#trajectories">Trajectories</a><a href="#config">Config</a></nav>
 </header>
 <main>
 <section class="summary">{_summary(run.metrics)}</section>
 <section id="curves"><h2>Training curves</h2><div id="charts" class="charts"></div></section>
+<section id="timeline-section"><h2>Rollout and update timeline</h2>{_timeline_section(timeline)}</section>
 <section id="evaluation"><h2>Evaluation</h2>{_eval_table(run.metrics)}</section>
 <section id="trajectories"><h2>Trajectories</h2><div id="viewer"></div></section>
 <section id="config"><h2>Resolved config</h2>{config}</section>

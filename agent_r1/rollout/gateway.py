@@ -101,6 +101,7 @@ class CallRecord:
     message: Message
     info: dict[str, Any]
     generate_s: float
+    policy_version: int = 0
 
     def step(self) -> Step:
         if self.logprobs is None:
@@ -111,6 +112,7 @@ class CallRecord:
             logprobs=self.logprobs,
             stop_reason=self.finish_reason,
             response_text=self.text,
+            policy_version=self.policy_version,
             info=self.info,
             timings={"generate": self.generate_s},
         )
@@ -424,6 +426,7 @@ class GatewaySession:
             message=message,
             info=info,
             generate_s=generate_s,
+            policy_version=getattr(sampled, "policy_version", None) or 0,
         )
         self.records.append(record)
         if not call.recorded.done():

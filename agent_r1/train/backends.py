@@ -18,8 +18,11 @@ and ``Learner`` objects; on Ray (``agent_r1.distributed``) the same protocols ar
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +32,7 @@ from torch import Tensor
 
 from agent_r1.flows.base import AgentFlow, rollout_groups
 from agent_r1.rollout.seeded import SeededEngine
+from agent_r1.rollout.versioned import VersionedEngine
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.checkpoint import load_checkpoint, save_checkpoint
 from agent_r1.train.learner import Learner, MiniBatch, TokenLoss
@@ -43,6 +47,7 @@ __all__ = [
     "export_weights",
     "local_learner",
     "local_rollout",
+    "stamp_version",
 ]
 
 logger = logging.getLogger(__name__)
@@ -100,12 +105,34 @@ class LearnerBackend(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _LocalJob:
     tasks: list[Task]
     n: int
     seed_base: str
     evaluation: bool
+    started: float | None = None  # wall-clock times (time.time()) of the rollout's first and last work
+    finished: float | None = None
+    running: concurrent.futures.Future | None = None  # background: the rollout on the rollout thread
+    groups: list[TrajectoryGroup] | None = None
+
+
+class _RolloutThread:
+    """An event loop on its own thread: background rollouts run there while the learner trains (the
+    engines' own scheduler threads do the forward passes; this loop runs the flows and envs)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="agent-r1-rollout", daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
 
 
 class LocalRollout:
@@ -116,7 +143,11 @@ class LocalRollout:
     the exported weights in (an engine copy, vLLM). ``sleeps``: ``sleep`` / ``wake`` release and restore
     the engine's accelerator memory around each update (vLLM's sleep mode on one GPU).
 
-    A submitted job runs when it is collected (in one process nothing else runs meanwhile)."""
+    ``background``: a submitted job starts at once on a rollout thread and runs while this thread
+    trains (``trainer.mode: async``); weight updates then wait only for the requests in flight
+    (``agent_r1.rollout.versioned``). Otherwise a job runs when it is collected.
+
+    Every step is stamped with the policy version that sampled it."""
 
     def __init__(
         self,
@@ -127,57 +158,98 @@ class LocalRollout:
         shares_model: bool,
         owns_engine: bool = True,
         sleeps: bool = False,
+        background: bool = False,
     ) -> None:
-        self.engine = SeededEngine(engine)
+        if background and shares_model:
+            raise ValueError(
+                "LocalRollout: a background rollout samples while the learner updates, so the engine "
+                "needs its own copy of the weights, not the learner's model (rollout.share_model: false)"
+            )
+        self.raw_engine = engine
+        self.engine = VersionedEngine(engine)
         self.flow, self.eval_flow = flow, eval_flow
         self.shares_model, self.owns_engine, self.sleeps = shares_model, owns_engine, sleeps
-        self.version = 0
+        self._thread = _RolloutThread() if background else None
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
 
     def submit(self, tasks: Sequence[Task], n: int, seed_base: str, *, evaluation: bool = False) -> _LocalJob:
         if evaluation and self.eval_flow is None:
             raise ValueError("no evaluation flow: give an env (env.name or env_factory) or eval_flow")
-        return _LocalJob(list(tasks), n, seed_base, evaluation)
+        job = _LocalJob(list(tasks), n, seed_base, evaluation)
+        if self._thread is not None:
+            job.started = time.time()  # handed to the rollout thread, which starts it at once
+            job.running = self._thread.run(self._run(job))
+        return job
 
     def collect(self, job: _LocalJob) -> list[TrajectoryGroup]:
-        self.engine.reseed(job.seed_base)
+        if job.groups is None:
+            job.groups = job.running.result() if job.running is not None else asyncio.run(self._run(job))
+        return job.groups
+
+    async def _run(self, job: _LocalJob) -> list[TrajectoryGroup]:
+        job.started = job.started or time.time()
+        engine = SeededEngine(self.engine)  # one per job: a background job never shares its counters
+        engine.reseed(job.seed_base)
         flow = self.eval_flow if job.evaluation else self.flow
-        groups = asyncio.run(rollout_groups(flow, self.engine, job.tasks, job.n))
-        version = self.version
-        return [
-            replace(
-                g,
-                trajectories=tuple(
-                    replace(t, steps=tuple(replace(s, policy_version=version) for s in t.steps))
-                    for t in g.trajectories
-                ),
-            )
-            for g in groups
-        ]
+        swaps, version = self.engine.swaps, self.engine.version
+        groups = await rollout_groups(flow, engine, job.tasks, job.n)
+        job.finished = time.time()
+        if self.engine.swaps == swaps:
+            # No swap during the job: every step was sampled by ``version``, whatever the flow stamped.
+            groups = [stamp_version(g, version) for g in groups]
+        return groups
 
     def update_weights(self, weights: Callable[[], Any], version: int) -> None:
         """``weights``: a function returning ``(name, tensor)`` pairs (called only when the engine holds
-        its own copy)."""
-        if self.shares_model:
-            self.engine.engine.weight_version = version
+        its own copy). With a job in flight the swap waits for its requests being sampled and holds
+        its next ones; this thread blocks until the new weights are in."""
+
+        def apply() -> None:
+            if self.shares_model:
+                self.raw_engine.weight_version = version
+            else:
+                self.raw_engine.update_weights(weights(), version=version)
+
+        swap = self.engine.swap(apply, version)
+        if self._thread is not None:
+            self._thread.run(swap).result()
         else:
-            self.engine.update_weights(weights(), version=version)
-        self.version = version
+            asyncio.run(swap)
 
     def sleep(self) -> None:
         if self.sleeps:
-            self.engine.engine.sleep()
+            self.raw_engine.sleep()
 
     def wake(self) -> None:
         if self.sleeps:
-            self.engine.engine.wake()
+            self.raw_engine.wake()
 
     def metrics(self) -> dict[str, float]:
-        return {}
+        return {"rollout/held_requests": float(self.engine.held_requests)} if self._thread else {}
 
     def close(self) -> None:
-        close = getattr(self.engine.engine, "close", None)
-        if self.owns_engine and close is not None:
-            close()
+        try:
+            close = getattr(self.raw_engine, "close", None)
+            if self.owns_engine and close is not None:
+                close()
+        finally:
+            if self._thread is not None:
+                self._thread.close()
+                self._thread = None
+
+
+def stamp_version(group: TrajectoryGroup, version: int) -> TrajectoryGroup:
+    """``group`` with every step's ``policy_version`` set to ``version``."""
+    return replace(
+        group,
+        trajectories=tuple(
+            replace(t, steps=tuple(replace(s, policy_version=version) for s in t.steps))
+            for t in group.trajectories
+        ),
+    )
 
 
 class LocalLearner:
@@ -287,13 +359,15 @@ def local_rollout(
     make_env: Callable[[], Any] | None = None,
     with_eval: bool = True,
     device=None,
+    background: bool = False,
 ) -> LocalRollout:
     """The in-process rollout backend of ``config``.
 
     ``model``: the learner's policy (the HF engine shares it with ``rollout.share_model``, or holds a
     copy synced after each update); None for evaluation alone (the engine loads ``model.path``).
     ``engine`` / ``flow`` / ``eval_flow`` / ``make_env``: pre-built parts that replace the configured
-    ones. ``with_eval``: build the evaluation flow too.
+    ones. ``with_eval``: build the evaluation flow too. ``background``: rollouts run on a rollout
+    thread while the learner trains (``trainer.mode: async``).
     """
     from agent_r1.rollout.factory import EngineUnavailable, build_engine
     from agent_r1.train.builders import (
@@ -335,9 +409,26 @@ def local_rollout(
                 )
         except EngineUnavailable as error:
             raise ConfigError("rollout.engine", str(error)) from None
+    if background and model is not None and getattr(engine, "model", None) is model:
+        raise ConfigError(
+            "trainer.mode",
+            "async samples while the learner updates, but the engine passed in samples from the "
+            "learner's own model object: give it a copy (agent_r1.train.backends.engine_copy)",
+        )
     sleeps = bool(rollout.engine_kwargs.get("enable_sleep_mode")) and owns_engine
+    if background and sleeps:
+        raise ConfigError(
+            "rollout.engine_kwargs.enable_sleep_mode",
+            "the engine sleeps during each update, but trainer.mode: async samples during it",
+        )
     return LocalRollout(
-        engine, flow, eval_flow, shares_model=shares_model, owns_engine=owns_engine, sleeps=sleeps
+        engine,
+        flow,
+        eval_flow,
+        shares_model=shares_model,
+        owns_engine=owns_engine,
+        sleeps=sleeps,
+        background=background,
     )
 
 

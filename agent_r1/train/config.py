@@ -297,6 +297,26 @@ class TrainerConfig:
     )
     keep_checkpoints: int = _opt(2, "Keep the last k checkpoints.", _positive)
     run_dir: str = _opt("runs/agent-r1", "Run directory (config, metrics, tb, trajectories, checkpoints).")
+    mode: Literal["sync", "async"] = _opt(
+        "sync",
+        "'sync': roll out, then update (on-policy). 'async': the rollout of step k+1 runs while step "
+        "k trains, in this process (a rollout thread and an engine copy: rollout.share_model: false, "
+        "or vLLM) or on Ray; needs an off-policy correction (algorithm.off_policy).",
+    )
+    max_staleness: int = _opt(
+        1,
+        "Async mode: the most policy versions a trained step may lag the policy its update starts "
+        "from. Sampling waits for the learner (it is never run further ahead and nothing finished is "
+        "dropped); without partial rollouts, engine weights are refreshed only when the next rollout "
+        "would exceed it.",
+        _positive,
+    )
+    partial_rollouts: bool = _opt(
+        True,
+        "Async mode: push each update into the rollout in flight; its trajectories continue with the "
+        "new weights from their next step (each step records the version that sampled it). False: "
+        "the rollout in flight finishes on the weights it started with.",
+    )
     torch_threads: int | None = _opt(
         None, "torch.set_num_threads; None keeps torch's default.", _optional(_positive)
     )
@@ -329,17 +349,6 @@ class DistributedConfig:
     )
     num_rollout_actors: int = _opt(2, "Rollout engine actors (each holds one engine).", _positive)
     num_learner_workers: int = _opt(1, "torch.distributed learner workers (data parallel).", _positive)
-    mode: Literal["sync", "async"] = _opt(
-        "sync",
-        "'sync': roll out, then update (on-policy). 'async': the rollout of step k+1 overlaps the "
-        "update of step k.",
-    )
-    max_staleness: int = _opt(
-        1,
-        "Async mode: the most policy versions a trained trajectory may lag the learner; engine "
-        "weights are refreshed whenever the next rollout would exceed it.",
-        _positive,
-    )
     torch_backend: Literal["gloo", "nccl"] = _opt(
         "gloo", "torch.distributed backend of the learner group (gloo on CPU, nccl on GPUs)."
     )
@@ -443,7 +452,10 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
 
 _ENGINE_MOVED = "the engine is chosen the same way in one process and on Ray"
 _ALGORITHM_MOVED = "each algorithm option lives in the section of the concept it belongs to"
+_ASYNC_MOVED = "asynchronous training is the trainer's, in one process as on Ray"
 MOVED_KEYS = {
+    "distributed.mode": ("trainer.mode", _ASYNC_MOVED),
+    "distributed.max_staleness": ("trainer.max_staleness", _ASYNC_MOVED),
     "distributed.engine": ("rollout.engine", _ENGINE_MOVED),
     "distributed.engine_kwargs": ("rollout.engine_kwargs", _ENGINE_MOVED),
     "algorithm.clip_low": ("algorithm.policy_loss.clip_low", _ALGORITHM_MOVED),
@@ -534,19 +546,25 @@ def _check_cross_field(config: TrainConfig) -> None:
         raise ConfigError(
             "algorithm.resample_rounds", "refills groups dropped by algorithm.dynamic_filter: set it"
         )
-    if dist.mode == "async" and dist.backend != "ray":
+    asynchronous = config.trainer.mode == "async"
+    if (
+        asynchronous
+        and dist.backend == "none"
+        and config.rollout.engine == "hf"
+        and config.rollout.share_model
+    ):
         raise ConfigError(
-            "distributed.mode",
-            "'async' overlaps rollout and update on separate Ray actors: it needs distributed.backend: "
-            "ray (in one process rollout and update run one after the other)",
+            "rollout.share_model",
+            "trainer.mode: async samples while the learner updates, so the HF engine needs its own copy "
+            "of the weights: set rollout.share_model: false (or use rollout.engine: vllm)",
         )
-    if algo.resample_rounds and dist.mode == "async":
+    if algo.resample_rounds and asynchronous:
         raise ConfigError(
-            "algorithm.resample_rounds", "not available with distributed.mode: async (its rollouts run ahead)"
+            "algorithm.resample_rounds", "not available with trainer.mode: async (its rollouts run ahead)"
         )
-    if dist.mode == "async" and algo.old_logprobs == "learner" and algo.off_policy.name == "none":
+    if asynchronous and algo.old_logprobs == "learner" and algo.off_policy.name == "none":
         raise ConfigError(
-            "distributed.mode",
+            "trainer.mode",
             "async rollouts are sampled by an older policy: correct for it with algorithm.off_policy "
             "(tis, mis_step, mis_trajectory or icepop: weights against the sampler) or "
             "algorithm.old_logprobs: sampler",

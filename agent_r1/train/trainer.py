@@ -185,10 +185,13 @@ def _mean(values: Sequence[float]) -> float:
 
 @dataclass
 class _InFlight:
-    """An async rollout submitted ahead of the step that trains on it."""
+    """An async rollout submitted ahead of the step that trains on it (``groups``: restored from a
+    checkpoint, already sampled)."""
 
     step: int
-    job: Any
+    job: Any = None
+    groups: list[TrajectoryGroup] | None = None
+    span: tuple[float | None, float | None] = (None, None)  # when it ran (unknown once restored)
 
 
 class Trainer:
@@ -300,6 +303,7 @@ class Trainer:
                 eval_flow=eval_flow,
                 make_env=env_factory,
                 with_eval=self.val_tasks is not None,
+                background=config.trainer.mode == "async",
             )
             try:
                 self.learner = local_learner(config, self.tokenizer, model, next(model.parameters()).device)
@@ -316,6 +320,7 @@ class Trainer:
         self.run_dir: RunDir | None = None
         self.resume = resume
         self._in_flight: _InFlight | None = None
+        self._rollout_span: tuple[float | None, float | None] = (None, None)
         self.zero_variance = ZeroVarianceWatch()  # warns when nearly every group teaches nothing
 
     # ------------------------------------------------------------------ the loop
@@ -405,6 +410,7 @@ class Trainer:
                 logger.warning(warning)
             advantages = None
             batch = None
+            learn_start = time.time()
             if kept:
                 with timer("reference"):
                     batch = self.prepare(kept, step)
@@ -418,6 +424,7 @@ class Trainer:
                     self.sync_weights()
             else:
                 metrics["update/skipped"] = 1.0
+            metrics.update(self._timeline(learn_start, time.time()))
             metrics.update(self.rollouts.metrics())
         if self.config.logging.dump_trajectories and self.run_dir is not None:
             self.run_dir.dump_trajectories(step, self.annotate(groups, batch, advantages))
@@ -432,23 +439,55 @@ class Trainer:
         """Phase 1: ``rollout.n`` samples of every task, all concurrently, seeded by (seed, step, and
         the DAPO resampling round if any); each step records the policy version that sampled it.
 
-        ``distributed.mode: async``: the rollout of step k + 1 is submitted before the update of step k
+        ``trainer.mode: async``: the rollout of step k + 1 is submitted before the update of step k
         and runs while it trains (one-step-off-policy pipelining, as in AReaL, arXiv 2505.24298, and
-        verl's one-step-off async trainer). Engine weights are refreshed before a rollout is submitted
-        whenever its staleness (the version its update starts from minus the version that sampled it)
-        would otherwise exceed ``distributed.max_staleness``."""
-        if self.config.distributed.mode == "sync":
-            return self.rollouts.collect(self._submit(tasks, step, resample))
+        verl's one-step-off async trainer), on a rollout thread in this process or on Ray's actors.
+        Sampling is paced by the learner, never dropped: at most one rollout runs ahead. With
+        ``trainer.partial_rollouts`` every update is pushed into the rollout in flight (its
+        trajectories continue with the new weights from their next step, ``sync_weights``);
+        otherwise engine weights are refreshed before a rollout is submitted whenever its
+        staleness (the version its update starts from minus the version that sampled it) would
+        exceed ``trainer.max_staleness``."""
+        cfg = self.config.trainer
+        if cfg.mode == "sync":
+            return self._collect(self._submit(tasks, step, resample))
         if self._in_flight is None or self._in_flight.step != step:
             self._in_flight = _InFlight(step, self._submit(tasks, step))
-        groups = self.rollouts.collect(self._in_flight.job)
+        groups = self._collect_in_flight()
         self._in_flight = None
-        if step < self.config.trainer.steps:
+        if step < cfg.steps:
             # The next rollout is trained by the update after this one (learner version + 1).
-            if self.policy_version + 1 - self.engine_version > self.config.distributed.max_staleness:
+            if self.policy_version + 1 - self.engine_version > cfg.max_staleness:
                 self._push_weights()
             self._in_flight = _InFlight(step + 1, self._submit(self.sampler.batch(step + 1), step + 1))
         return groups
+
+    def _collect(self, job: Any) -> list[TrajectoryGroup]:
+        groups = self.rollouts.collect(job)
+        self._rollout_span = (getattr(job, "started", None), getattr(job, "finished", None))
+        return groups
+
+    def _collect_in_flight(self) -> list[TrajectoryGroup]:
+        """The rollout in flight's groups (waiting for it; collected once, e.g. by a checkpoint)."""
+        in_flight = self._in_flight
+        if in_flight.groups is None:
+            in_flight.groups = self._collect(in_flight.job)
+            in_flight.span = self._rollout_span
+        self._rollout_span = in_flight.span
+        return in_flight.groups
+
+    def _timeline(self, learn_start: float, learn_end: float) -> dict[str, float]:
+        """When the step's rollout and its learning phases ran (``time.time()``, so that a resumed run
+        continues the same clock): the report draws them as a timeline, so that the overlap of async
+        mode is visible."""
+        started, finished = self._rollout_span
+        spans = {"rollout": (started, finished), "update": (learn_start, learn_end)}
+        return {
+            f"timeline/{phase}_{edge}": moment
+            for phase, span in spans.items()
+            if None not in span
+            for edge, moment in zip(("start", "end"), span, strict=True)
+        }
 
     def _submit(self, tasks: Sequence[Task], step: int, resample: int = 0):
         seed = _rollout_seed(self.config.trainer.seed, step, resample)
@@ -643,10 +682,11 @@ class Trainer:
         return {renamed.get(k, k): v for k, v in metrics.items()}
 
     def sync_weights(self) -> None:
-        """Phase 7: a new policy version; sync mode gives it to the rollout backend now, async mode
+        """Phase 7: a new policy version; sync mode and partial rollouts give it to the rollout backend
+        now (a rollout in flight takes it between requests), async mode without partial rollouts
         when the staleness bound requires (``rollout``)."""
         self.policy_version += 1
-        if self.config.distributed.mode == "sync":
+        if self.config.trainer.mode == "sync" or self.config.trainer.partial_rollouts:
             self._push_weights()
 
     def _push_weights(self) -> None:
@@ -694,12 +734,16 @@ class Trainer:
     def staleness_metrics(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
         """How many policy versions the step's samples lag the policy their update starts from (read
         before the update)."""
-        staleness = [
-            self.policy_version - s.policy_version for g in groups for t in g.trajectories for s in t.steps
-        ]
+        trajectories = [t for g in groups for t in g.trajectories if t.steps]
+        staleness = [self.policy_version - s.policy_version for t in trajectories for s in t.steps]
         if not staleness:
             return {}
-        return {"async/staleness_mean": _mean(staleness), "async/staleness_max": float(max(staleness))}
+        mixed = [float(len({s.policy_version for s in t.steps}) > 1) for t in trajectories]
+        return {
+            "async/staleness_mean": _mean(staleness),
+            "async/staleness_max": float(max(staleness)),
+            "async/mixed_version_fraction": _mean(mixed),  # trajectories a weight update landed in
+        }
 
     def evaluate(self) -> dict[str, float]:
         """Mean reward and success rate on the validation tasks (``eval/reward``, ``eval/success``; an
@@ -708,9 +752,9 @@ class Trainer:
         if not self.val_tasks:
             return {}
         if self._in_flight is not None:
-            # Weights change only between rollouts: the in-flight one completes first (the step that
-            # trains on it collects its stored result).
-            self.rollouts.collect(self._in_flight.job)
+            # The evaluation samples with the newest weights only: the in-flight rollout completes
+            # first (the step that trains on it takes its stored result).
+            self._collect_in_flight()
         if self.engine_version != self.policy_version:
             self._push_weights()
         base = f"{self.config.trainer.seed}:eval:{self.step}"
@@ -753,6 +797,10 @@ class Trainer:
     def save_checkpoint(self, step: int) -> Path:
         assert self.run_dir is not None
         trainer_state = {"rng": rng_state(), "policy_version": self.policy_version}
+        if self._in_flight is not None:
+            # Async: the next step's rollout is finished and saved with the checkpoint, so a resumed
+            # run trains exactly those samples — none lost, none sampled twice.
+            trainer_state["in_flight"] = {"step": self._in_flight.step, "groups": self._collect_in_flight()}
         return Path(self.learner.save_checkpoint(self.run_dir.checkpoints, step, trainer_state))
 
     def _restore(self) -> int:
@@ -765,6 +813,9 @@ class Trainer:
         self.policy_version = trainer_state["policy_version"]
         self._push_weights()
         self.step = trainer_state["step"]
+        in_flight = trainer_state.get("in_flight")
+        if in_flight is not None and self.config.trainer.mode == "async":
+            self._in_flight = _InFlight(in_flight["step"], groups=in_flight["groups"])
         return self.step
 
     def close(self) -> None:

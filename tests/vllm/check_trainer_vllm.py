@@ -8,8 +8,12 @@ learner worker. Step 2 is sampled after the
 weight sync of step 1's update; its trajectories' sampler log-probs are compared with a Hugging Face
 forward of (a) the synced weights (checkpoint step_000001) and (b) the initial weights: the engines
 must agree with (a) to vLLM's numerical gap and measurably disagree with (b), i.e. the trained
-weights reached every engine. Prints one JSON object of
-measurements; exits non-zero on a failed check.
+weights reached every engine. ``check_trainer_vllm.py none async`` trains 3 steps with
+``trainer.mode: async`` in this process (the vLLM engine samples on a rollout thread while the learner
+updates; partial rollouts): every step's sampler log-probs must match the weights of the version it
+records (checkpoint step_00000v; version 0 the initial weights), so each update reached the engine
+between requests, mid-rollout. Prints one JSON object of measurements; exits non-zero on a failed
+check.
 """
 
 from __future__ import annotations
@@ -37,9 +41,15 @@ TEMPERATURE = 1.0
 
 def recomputed_gap(model, trajectories) -> float:
     """Largest |sampler log-prob - HF forward log-prob| over every sampled token."""
+    return step_gap(lambda step: model, trajectories)
+
+
+def step_gap(model_of, trajectories) -> float:
+    """Largest |sampler log-prob - HF forward log-prob of ``model_of(step)``| over every sampled token."""
     gaps = []
     for trajectory in trajectories:
         for step in trajectory.steps:
+            model = model_of(step)
             ids = torch.tensor([list(step.prompt_ids) + list(step.response_ids)])
             with torch.no_grad():
                 logits = model(ids).logits[0].float() / TEMPERATURE
@@ -50,7 +60,7 @@ def recomputed_gap(model, trajectories) -> float:
     return float(torch.cat(gaps).max())
 
 
-def main(backend: str) -> int:
+def main(backend: str, mode: str = "sync") -> int:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = save_tiny_checkpoint(Path(tmp) / "model", seed=0)
         run_dir = Path(tmp) / "run"
@@ -71,16 +81,19 @@ def main(backend: str) -> int:
                     },
                 },
                 "trainer": {
-                    "steps": 2,
+                    "steps": 3 if mode == "async" else 2,
+                    "mode": mode,
                     "tasks_per_step": 4,
                     "lr": 3e-2,  # large, so that two steps move the log-probs well past vLLM's gap
                     "run_dir": str(run_dir),
                     "micro_batch_tokens": 64,
                     "checkpoint_every": 1,
+                    "keep_checkpoints": 3,  # async reads the weights of every version
                     "torch_threads": 1,
                 },
                 "logging": {"progress": False, "tensorboard": False},
                 "distributed": {"backend": backend, "num_rollout_actors": 2, "num_learner_workers": 1},
+                **({"algorithm": {"off_policy": "tis"}} if mode == "async" else {}),
             }
         )
         if backend == "ray":
@@ -97,6 +110,8 @@ def main(backend: str) -> int:
         finally:
             if backend == "ray":
                 ray.shutdown()
+        if mode == "async":
+            return check_versions(run_dir, checkpoint)
         # Step 2 was sampled (on Ray: by both actors, tasks go round-robin) after the sync of step 1's
         # update, i.e. with the weights of checkpoint step_000001.
         trajectories = list(read_jsonl(run_dir / "trajectories" / "step_000002.jsonl"))
@@ -119,6 +134,39 @@ def main(backend: str) -> int:
     return 0
 
 
+def check_versions(run_dir: Path, checkpoint: Path) -> int:
+    """Async: every step was sampled by the weights of the version it records."""
+    paths = {0: checkpoint, **{v: run_dir / "checkpoints" / f"step_{v:06d}" / "model" for v in (1, 2)}}
+    models = {
+        v: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval() for v, p in paths.items()
+    }
+    trajectories = [
+        t for k in (1, 2, 3) for t in read_jsonl(run_dir / "trajectories" / f"step_{k:06d}.jsonl")
+    ]
+    results = {
+        "versions_by_step": {
+            k: sorted(
+                {
+                    s.policy_version
+                    for t in read_jsonl(run_dir / "trajectories" / f"step_{k:06d}.jsonl")
+                    for s in t.steps
+                }
+            )
+            for k in (1, 2, 3)
+        },
+        "gap_to_recorded_version": step_gap(lambda step: models[step.policy_version], trajectories),
+        "gap_to_initial_weights": recomputed_gap(
+            models[0], [t for t in trajectories if any(s.policy_version for s in t.steps)]
+        ),
+    }
+    print("RESULT " + json.dumps(results))
+    assert results["versions_by_step"][1] == [0], results
+    assert set(results["versions_by_step"][3]) <= {1, 2}, results
+    assert results["gap_to_recorded_version"] < 1e-2, results
+    assert results["gap_to_initial_weights"] > 10 * max(results["gap_to_recorded_version"], 1e-3), results
+    return 0
+
+
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:]))

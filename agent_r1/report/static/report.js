@@ -129,6 +129,41 @@
     for (const spec of DATA.charts) box.append(drawChart(spec));
   }
 
+  // ---------------------------------------------------------------- phase timeline
+  function renderTimeline() {
+    const box = document.getElementById("timeline");
+    if (!box || !DATA.timeline.length) return;
+    const rows = DATA.timeline, lanes = ["rollout", "update"];
+    const W = 960, L = 64, R = 12, T = 6, lane = 26, B = 24, H = T + lanes.length * lane + B;
+    const end = Math.max(...rows.flatMap((r) => lanes.filter((p) => r[p]).map((p) => r[p][1])));
+    const sx = (t) => L + (t / (end || 1)) * (W - L - R);
+    const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "rollout and update timeline" });
+    lanes.forEach((phase, i) => {
+      const label = svg("text", { x: L - 6, y: T + i * lane + lane / 2 + 4, "text-anchor": "end", class: "lane" });
+      label.textContent = phase;
+      root.append(label);
+      for (const r of rows) {
+        if (!r[phase]) continue;
+        const [a, b] = r[phase];
+        const bar = svg("rect", { x: sx(a), y: T + i * lane + 3, width: Math.max(sx(b) - sx(a), 0.8), height: lane - 6,
+          fill: PALETTE[r.step % 2 ? 0 : 1], opacity: phase === "rollout" ? 0.75 : 1 });
+        const title = svg("title", {});
+        title.textContent = `step ${r.step} ${phase}: ${fmt(a)}–${fmt(b)} s`;
+        bar.append(title);
+        root.append(bar);
+      }
+    });
+    for (const t of niceTicks(0, end || 1, 8)) {
+      const label = svg("text", { x: sx(t), y: H - 6, "text-anchor": "middle", class: "lane" });
+      label.textContent = fmt(t);
+      root.append(label);
+    }
+    const unit = svg("text", { x: W - R, y: H - 6, "text-anchor": "end", class: "lane" });
+    unit.textContent = "s";
+    root.append(unit);
+    box.append(root);
+  }
+
   // ---------------------------------------------------------------- trajectory viewer
   const TRAJ = DATA.trajectories;
   const BY_ID = new Map(TRAJ.map((t) => [t.id, t]));
@@ -356,5 +391,6 @@
   }
 
   renderCharts();
+  renderTimeline();
   renderViewer();
 })();

@@ -216,6 +216,10 @@ class StepResult:
     ``truncated``: the episode was cut short from outside the MDP (turn or time limit).
     ``reward``: the immediate reward of this step. ``outcome_reward``: the final reward of the whole
     episode, reported once, normally together with ``terminated``; see the module docstring.
+    ``policy_steps``: the policy's own calls that the environment made while computing this
+    transition and wants trained (a summary of the history, ``agent_r1.envs.context``); the flow puts
+    them into the trajectory right after this step, in order. Each carries its own immediate reward;
+    the outcome reaches them, like any step, through the advantage estimator.
     """
 
     observation: Observation | None
@@ -224,10 +228,12 @@ class StepResult:
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     outcome_reward: float | None = None
+    policy_steps: tuple[Step, ...] = ()
 
     def __post_init__(self) -> None:
         if self.observation is None and not (self.terminated or self.truncated):
             raise ValueError("StepResult.observation may only be None when the episode has ended")
+        object.__setattr__(self, "policy_steps", tuple(self.policy_steps))
 
 
 @dataclass(frozen=True)

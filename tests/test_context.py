@@ -309,3 +309,114 @@ def test_summarize_with_the_policy_model_through_an_engine(tiny_tokenizer):
     assert "assistant: Let me look." in asked and "tool: w1: an animal" in asked and "w2" not in asked
     summary = split_turns(prompt.messages)[1]
     assert summary["content"].endswith("\nLooked up w0 and w1: animals.")  # special tokens dropped
+
+
+# Summaries are actions (the step-level MDP): a summary the policy samples is a Step of its own, and
+# the prompt that shows it holds exactly the ids it sampled.
+
+SUMMARY_TEXT = "Looked up <tool_call> w0 and w1: animals."
+
+
+def byte_ids(tokenizer, text: str) -> tuple[int, ...]:
+    """``text`` as one byte-level token per character (ASCII; the byte alphabet writes a space as 'Ġ'):
+    a sample the tokenizer would never produce from the text, since "<tool_call>" is a special token
+    for both tokenizers here and the trained BPE merges characters."""
+    ids = tuple(tokenizer.convert_tokens_to_ids(["Ġ" if c == " " else c for c in text]))
+    assert tokenizer.unk_token_id not in ids and tokenizer.decode(list(ids)) == text
+    return ids
+
+
+def sampled_summary_engine(tokenizer):
+    from doubles import ScriptedEngine
+
+    from agent_r1.types import Completion, StopReason
+
+    ids = (*byte_ids(tokenizer, SUMMARY_TEXT), tokenizer.eos_token_id)
+    logprobs = tuple(-0.01 * (i + 1) for i in range(len(ids)))
+    return ScriptedEngine(tokenizer, [Completion(ids, logprobs, StopReason.STOP)]), ids, logprobs
+
+
+def summarize_policy(tokenizer, engine, **kwargs):
+    from agent_r1.envs.context import engine_summarizer
+    from agent_r1.types import SamplingParams
+
+    summarizer = engine_summarizer(engine, tokenizer, SamplingParams(max_tokens=64))
+    return get_context_policy("summarize", summarizer=summarizer, keep_last=1, max_turns=2, **kwargs)
+
+
+def test_a_sampled_summary_is_a_step_and_the_next_prompt_holds_its_exact_ids(tokenizer):
+    from agent_r1.envs.context import SUMMARY_STEP_KEY
+
+    engine, ids, logprobs = sampled_summary_engine(tokenizer)
+    prompt = build(summarize_policy(tokenizer, engine), tokenizer, conversation(3))
+    (step,) = prompt.steps
+    assert step.prompt_ids == tuple(engine.calls[0][0]) and "Summarise the conversation" in tokenizer.decode(
+        list(step.prompt_ids)
+    )
+    assert step.response_ids == ids and step.logprobs == logprobs and step.reward == 0.0
+    assert step.info == {SUMMARY_STEP_KEY: {"turns": 2}} and not step.terminated
+    # The prompt: the template's tokens before the summary, the sampled ids (less the end-of-turn
+    # token, which the template writes itself), the template's tokens after.
+    summary = split_turns(prompt.messages)[1]
+    assert summary["content"] == "Summary of the earlier conversation:\n" + SUMMARY_TEXT
+    rendered = render_messages(tokenizer, prompt.messages, tools=TOOLS)
+    before = encode_text(tokenizer, rendered[: rendered.index(SUMMARY_TEXT)])
+    after = encode_text(tokenizer, rendered[rendered.index(SUMMARY_TEXT) + len(SUMMARY_TEXT) :])
+    assert prompt.token_ids == (*before, *ids[:-1], *after)
+    assert tokenizer.decode(list(prompt.token_ids)) == rendered
+    assert list(prompt.token_ids) != full_ids(tokenizer, prompt.messages)  # no re-tokenisation
+
+
+def test_between_summaries_the_prompt_extends_the_summarised_one(tokenizer):
+    engine, ids, _ = sampled_summary_engine(tokenizer)
+    policy = summarize_policy(tokenizer, engine)
+    summarised = build(policy, tokenizer, conversation(3))
+    response = tuple(encode_text(tokenizer, call_text("w9"))) + (tokenizer.eos_token_id,)
+    previous = PreviousTurn(summarised.token_ids, response, num_messages=len(summarised.messages))
+    grown = [*summarised.messages, {"role": "assistant", "content": call_text("w9")}, *tool_messages("w9")]
+    nxt = build(policy, tokenizer, grown, previous)
+    assert not nxt.steps and nxt.info == {"policy": "summarize", "dropped_turns": 0, "summarised": False}
+    assert nxt.token_ids[: len(summarised.token_ids) + len(response)] == summarised.token_ids + response
+    # "rerender" between summaries re-tokenises the whole conversation (templates that rewrite turns).
+    rerendered = build(summarize_policy(tokenizer, engine, between="rerender"), tokenizer, grown, previous)
+    assert list(rerendered.token_ids) == full_ids(tokenizer, grown)
+
+
+def test_train_summaries_false_keeps_the_summary_out_of_training(tokenizer):
+    engine, _, _ = sampled_summary_engine(tokenizer)
+    prompt = build(summarize_policy(tokenizer, engine, train_summaries=False), tokenizer, conversation(3))
+    assert prompt.steps == () and prompt.info["summarised"]
+    # The text (special tokens dropped: the end-of-turn one) rendered and re-tokenised like any message.
+    assert (
+        split_turns(prompt.messages)[1]["content"] == "Summary of the earlier conversation:\n" + SUMMARY_TEXT
+    )
+    assert list(prompt.token_ids) == full_ids(tokenizer, prompt.messages)
+
+
+def test_summarizer_policy_asks_the_lent_policy_and_needs_one(tiny_tokenizer):
+    from agent_r1.envs.base import LentPolicy
+    from agent_r1.envs.context import SUMMARY_INSTRUCTION
+    from agent_r1.types import SamplingParams
+
+    policy = get_context_policy("summarize", keep_last=1, max_turns=2, instruction="Sum up.")
+    with pytest.raises(ContextError, match="no policy was lent"):
+        build(policy, tiny_tokenizer, conversation(3))
+    engine, ids, _ = sampled_summary_engine(tiny_tokenizer)
+    lent = LentPolicy(lambda prompt_ids: engine.generate(prompt_ids, SamplingParams()))
+    request = ContextRequest(tuple(conversation(3)), TOOLS, policy=lent)
+    prompt = asyncio.run(policy.build(tiny_tokenizer, request))
+    assert prompt.steps[0].response_ids == ids
+    asked = tiny_tokenizer.decode(list(prompt.steps[0].prompt_ids))
+    assert "Sum up.\n\nassistant: Let me look." in asked and SUMMARY_INSTRUCTION not in asked
+    with pytest.raises(ValueError, match="instruction applies to summarizer='policy' only"):
+        get_context_policy("summarize", summarizer=str, instruction="Sum up.")
+
+
+def test_a_template_that_rewrites_message_content_cannot_take_spliced_ids(tiny_checkpoint):
+    from agent_r1.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_checkpoint)
+    tokenizer.chat_template = THINK_STRIPPING_TEMPLATE.replace("{{- m.content }}", "{{- m.content | upper }}")
+    engine, _, _ = sampled_summary_engine(tokenizer)
+    with pytest.raises(ContextError, match="train_summaries=False"):
+        build(summarize_policy(tokenizer, engine), tokenizer, conversation(3), tools=None)

@@ -4,6 +4,9 @@
 is below 128 (the lower half of the byte vocabulary) as an immediate reward; the next prompt is the
 previous prompt + response + a fixed user turn (the "append" context, so steps merge into one
 sequence). A random tiny model earns about 0.5 per turn; a policy gradient raises it quickly.
+
+``echo_env``: a ``ToolEnv`` in which every response is a tool call, so episodes run to ``max_turns``
+whatever a random model writes (for context policies such as ``summarize``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_r1.envs.base import AgentEnv
+from agent_r1.envs.tool_env import ToolEnv
+from agent_r1.tools import ParsedResponse, ToolCall, ToolCallFormat, tool
 from agent_r1.types import Action, Observation, StepResult, Task
 
 TURNS = 2
@@ -48,6 +53,38 @@ class LowByteEnv(AgentEnv):
             terminated=done,
             info={"success": reward > 0.75},
         )
+
+
+@tool
+def echo(text: str) -> str:
+    """Repeat the text.
+
+    Args:
+        text: what to repeat.
+    """
+    return text
+
+
+class EveryResponseEchoes(ToolCallFormat):
+    """A test format: every response is one call to ``echo``, so a random model keeps acting and the
+    conversation grows turn by turn (as a context policy needs to be exercised)."""
+
+    name = "test_every_response_echoes"
+
+    def parse(self, text: str) -> ParsedResponse:
+        return ParsedResponse("", (ToolCall("echo", {"text": text[:12]}, "call_0"),), ())
+
+    def observation_messages(self, results, errors):
+        return [{"role": "tool", "content": r.content} for r in results]
+
+    def system_prompt(self, tool_schemas):
+        return "Call echo."  # instead of the template's ~500-token tools block: shorter prompts
+
+
+def echo_env(tokenizer, **kwargs) -> ToolEnv:
+    """``ToolEnv`` with ``echo`` in the ``EveryResponseEchoes`` format; ``kwargs`` are ToolEnv's (a
+    config's ``env.kwargs``: ``context``, ``context_kwargs``, ``max_turns``)."""
+    return ToolEnv(tokenizer, [echo], format=EveryResponseEchoes(), **kwargs)
 
 
 def tasks(n: int, offset: int = 0) -> list[dict]:

@@ -9,10 +9,25 @@ window, summarise or rewrite the history between steps.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
-from agent_r1.types import Action, Observation, StepResult, Task
+from agent_r1.types import Action, Completion, Observation, StepResult, Task
 
-__all__ = ["AgentEnv"]
+__all__ = ["AgentEnv", "LentPolicy"]
+
+
+@dataclass(frozen=True)
+class LentPolicy:
+    """The model acting in an episode, lent by the flow to its environment for calls beyond the
+    action (a summary of the history: ``agent_r1.envs.context``, ``summarizer="policy"``).
+
+    ``generate(prompt_ids)`` samples from the policy with the flow's sampling params (``max_tokens``
+    capped as for an action) and raises on an aborted request. A call the environment wants trained
+    goes back to the flow as a Step in ``StepResult.policy_steps``.
+    """
+
+    generate: Callable[[Sequence[int]], Awaitable[Completion]]
 
 
 class AgentEnv(ABC):
@@ -26,8 +41,17 @@ class AgentEnv(ABC):
       ``StepResult.outcome_reward`` (once), never also inside ``reward``.
     - optionally ``async close()`` to release resources (sandboxes, connections).
 
+    A flow lends the acting policy with ``lend_policy`` before ``reset`` (``AgentEnvLoop`` does);
+    ``self.policy`` is None outside a flow.
+
     Run ``agent_r1.envs.check_env(env, task)`` to check that an environment honours this contract.
     """
+
+    policy: LentPolicy | None = None
+
+    def lend_policy(self, policy: LentPolicy) -> None:
+        """Give the environment the acting policy for calls beyond the action (see ``LentPolicy``)."""
+        self.policy = policy
 
     @abstractmethod
     async def reset(self, task: Task) -> Observation: ...

@@ -17,9 +17,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from agent_r1.envs.base import AgentEnv
+from agent_r1.envs.base import AgentEnv, LentPolicy
 from agent_r1.rollout.base import Engine
-from agent_r1.types import Action, Observation, SamplingParams, StepResult, StopReason, Task
+from agent_r1.types import Action, Observation, SamplingParams, Step, StepResult, StopReason, Task
 
 __all__ = ["EnvCheckError", "check_env"]
 
@@ -53,8 +53,9 @@ def check_env(
     coroutines; ``reset`` returns an ``Observation`` whose messages have string roles and contents
     and whose token ids fit the tokenizer; ``step`` returns a ``StepResult`` with a finite float
     reward, bool flags, a JSON-serialisable ``info`` dict (trajectories are written as JSONL), an
-    ``outcome_reward`` reported at most once, and a valid next observation while the episode runs;
-    exceptions from any call are reported with their type and message.
+    ``outcome_reward`` reported at most once, ``policy_steps`` that are Steps, and a valid next
+    observation while the episode runs; exceptions from any call are reported with their type and
+    message. With ``engine`` the env is lent the policy (``AgentEnv.lend_policy``) as a flow would.
     """
     if engine is not None and tokenizer is None:
         raise ValueError("check_env: an engine needs the tokenizer to render observations into prompts")
@@ -85,6 +86,9 @@ async def _check(
             problems.append(f"{method}() must be 'async def'")
     if problems:
         raise EnvCheckError(name, problems)
+    if engine is not None:  # as AgentEnvLoop does, so envs that ask the policy themselves run too
+        params = sampling_params or SamplingParams()
+        env.lend_policy(LentPolicy(lambda prompt_ids: engine.generate(list(prompt_ids), params)))
 
     try:
         observation = await env.reset(task)
@@ -208,6 +212,9 @@ def _result_problems(where: str, result: StepResult) -> list[str]:
     for flag in ("terminated", "truncated"):
         if not isinstance(getattr(result, flag), bool):
             problems.append(f"{where}: {flag} must be a bool, got {type(getattr(result, flag)).__name__}")
+    for i, step in enumerate(result.policy_steps):
+        if not isinstance(step, Step):
+            problems.append(f"{where}: policy_steps[{i}] must be a Step, got {type(step).__name__}")
     if not isinstance(result.info, dict):
         problems.append(f"{where}: info must be a dict, got {type(result.info).__name__}")
     else:

@@ -11,32 +11,37 @@ conversation it carries forward.
 | ``rerender`` | the chat template applied to all messages | only when the template and tokenizer round-trip |
 | ``sliding_window`` | system + first user message + the last ``k`` turns | no, once turns are dropped |
 | ``token_budget`` | drops the oldest turns until the prompt fits ``max_tokens`` | no, once turns are dropped |
-| ``summarize`` | older turns replaced by one summary message from a callable | no, once summarised |
+| ``summarize`` | older turns replaced by one summary message, by default written (and trained) by the policy | no, once summarised |
 
 A *turn* is one assistant message and the messages that follow it up to the next assistant message
 (tool results, user replies). The *head* is every message before the first assistant message (the
 system prompt and the task), which windowing policies always keep.
 
 Every policy reports ``{"policy": name, "dropped_turns": int, "summarised": bool}`` in
-``ContextPrompt.info``; ``ToolEnv`` stores it in ``Step.info["context"]``.
+``ContextPrompt.info``; ``ToolEnv`` stores it in ``Step.info["context"]``. A policy that asks the
+policy model for part of the prompt (``summarize``) returns that call as a Step in
+``ContextPrompt.steps``: in the step-level MDP the summary is an action like any other.
 """
 
 from __future__ import annotations
 
 import inspect
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from transformers import PreTrainedTokenizerBase
 
+from agent_r1.envs.base import LentPolicy
 from agent_r1.models.loading import require_chat_template
-from agent_r1.types import Message, Task
+from agent_r1.types import Completion, Message, Step, StopReason, Task
 
 __all__ = [
     "CONTEXT_POLICIES",
     "SUMMARY_KEY",
+    "SUMMARY_STEP_KEY",
     "AppendContext",
     "ContextError",
     "ContextPolicy",
@@ -44,6 +49,7 @@ __all__ = [
     "ContextRequest",
     "PreviousTurn",
     "RerenderContext",
+    "SampledSummary",
     "SlidingWindowContext",
     "SummarizeContext",
     "TokenBudgetContext",
@@ -149,21 +155,28 @@ class PreviousTurn:
 class ContextRequest:
     """What a policy gets: the whole carried conversation (new messages included) and tool schemas.
 
-    ``previous`` is None for the first prompt of an episode.
+    ``previous`` is None for the first prompt of an episode. ``policy`` is the acting policy the flow
+    lent to the environment, for policies that ask it (``summarize``); None outside a flow.
     """
 
     messages: tuple[Message, ...]
     tools: tuple[dict, ...] | None = None
     previous: PreviousTurn | None = None
+    policy: LentPolicy | None = None
 
 
 @dataclass(frozen=True)
 class ContextPrompt:
-    """The next prompt: its token ids, the conversation to carry forward, and what was changed."""
+    """The next prompt: its token ids, the conversation to carry forward, and what was changed.
+
+    ``steps``: policy calls made to build it that are trained (a summary); the env hands them to the
+    flow in ``StepResult.policy_steps``.
+    """
 
     token_ids: tuple[int, ...]
     messages: tuple[Message, ...]
     info: dict[str, Any] = field(default_factory=dict)
+    steps: tuple[Step, ...] = ()
 
 
 class ContextPolicy(ABC):
@@ -327,61 +340,169 @@ class TokenBudgetContext(ContextPolicy):
             dropped += 1
 
 
-Summarizer = Callable[[list[Message]], "str | Awaitable[str]"]
+SUMMARY_INSTRUCTION = (
+    "Summarise the conversation below for your own later use: keep every fact, number, tool result "
+    "and open question that may matter for the task; drop pleasantries. Reply with the summary only."
+)
+
+
+@dataclass(frozen=True)
+class SampledSummary:
+    """A summary the policy sampled: the request it was shown and the completion it returned."""
+
+    prompt_ids: tuple[int, ...]
+    completion: Completion
+
+
+Summarizer = Callable[[list[Message]], "str | SampledSummary | Awaitable[str | SampledSummary]"]
+
+SUMMARY_STEP_KEY = "summary"
+"""``Step.info`` key marking a summary step: ``{"turns": the turns the summary covers}``."""
+
+_SUMMARY_SLOT = "\x00agent-r1 summary\x00"  # stands in for the sampled ids while the template renders
 
 
 @register_context_policy
 class SummarizeContext(ContextPolicy):
     """Once more than ``max_turns`` turns pile up, replace all but the last ``keep_last`` with a summary.
 
-    ``summarizer(messages) -> str`` (sync or async) receives the messages to replace (a previous
-    summary first, when there is one), so summaries roll forward. It may call the policy model
-    itself (an engine) or anything else; its tokens are not part of the trajectory. The summary is
-    one user message after the head, marked with ``SUMMARY_KEY``.
+    The summary is one user message after the head (``prefix`` + the summary), marked with
+    ``SUMMARY_KEY``. ``summarizer(messages)`` (sync or async) receives the messages to replace (a
+    previous summary first, when there is one), so summaries roll forward. It is one of:
+
+    - ``"policy"`` (the default): the acting policy writes the summary (``engine_summarizer`` over the
+      engine the flow lends to the env, ``request.policy``; ``instruction`` is its request).
+    - a callable returning a ``SampledSummary`` (``engine_summarizer``: a model's sampled ids).
+    - a callable returning ``str`` (any other summariser): its text is rendered into the prompt and
+      nothing is trained.
+
+    With ``train_summaries`` (the default) a sampled summary is an action of the MDP: the call becomes
+    a Step (prompt = the summarisation request, response = the sampled ids and their log-probs,
+    reward 0, ``info[SUMMARY_STEP_KEY]``), returned in ``ContextPrompt.steps``, and the next prompt is
+    spliced from token ids — the template's tokens before the summary, the sampled ids less the
+    end-of-turn token they stopped on, the template's tokens after — so the model is trained on
+    exactly the summary it later reads. With ``train_summaries=False`` the summary text (special
+    tokens dropped, stripped) is rendered and re-tokenised, and the call is not trained.
+
+    Between summaries the prompt is built by ``between``: ``"append"`` (default; token-level, so the
+    sampled summary and responses stay exact and successive steps share one training sequence) or
+    ``"rerender"`` (for templates that rewrite earlier turns, which ``append`` refuses).
     """
 
     name = "summarize"
 
     def __init__(
         self,
-        summarizer: Summarizer,
+        summarizer: Summarizer | Literal["policy"] = "policy",
         *,
         keep_last: int = 2,
         max_turns: int = 4,
         prefix: str = "Summary of the earlier conversation:\n",
+        train_summaries: bool = True,
+        instruction: str | None = None,
+        between: Literal["append", "rerender"] = "append",
     ) -> None:
-        if not callable(summarizer):
-            raise TypeError(f"summarize: summarizer must be callable, got {type(summarizer).__name__}")
+        if summarizer != "policy" and not callable(summarizer):
+            raise TypeError(
+                f"summarize: summarizer must be callable or 'policy', got {type(summarizer).__name__}"
+            )
+        if instruction is not None and summarizer != "policy":
+            raise ValueError("summarize: instruction applies to summarizer='policy' only")
         if not 1 <= keep_last <= max_turns:
             raise ValueError(f"summarize: need 1 <= keep_last <= max_turns, got {keep_last}, {max_turns}")
+        if between not in ("append", "rerender"):
+            raise ValueError(f"summarize: between must be 'append' or 'rerender', got {between!r}")
         self.summarizer = summarizer
         self.keep_last = keep_last
         self.max_turns = max_turns
         self.prefix = prefix
+        self.train_summaries = train_summaries
+        self.instruction = SUMMARY_INSTRUCTION if instruction is None else instruction
+        self.between = get_context_policy(between)
 
     async def build(self, tokenizer: PreTrainedTokenizerBase, request: ContextRequest) -> ContextPrompt:
         head, summary, turns = split_turns(request.messages)
         if len(turns) <= self.max_turns:
-            ids = _rendered_prompt(tokenizer, request.messages, request.tools)
-            return ContextPrompt(ids, request.messages, self._info())
+            prompt = await self.between.build(tokenizer, request)
+            return ContextPrompt(prompt.token_ids, prompt.messages, self._info())
         older, kept = turns[: -self.keep_last], turns[-self.keep_last :]
         to_summarise = [*([summary] if summary else []), *(m for turn in older for m in turn)]
-        text = self.summarizer([dict(m) for m in to_summarise])
-        if inspect.isawaitable(text):
-            text = await text
-        if not isinstance(text, str):
-            raise TypeError(f"summarize: the summarizer returned {type(text).__name__}, expected str")
+        start = time.perf_counter()
+        result = self._summarizer(tokenizer, request)([dict(m) for m in to_summarise])
+        if inspect.isawaitable(result):
+            result = await result
+        generate_s = time.perf_counter() - start
         covered = len(older) + (summary[SUMMARY_KEY] if summary else 0)
-        new_summary = {"role": "user", "content": self.prefix + text, SUMMARY_KEY: covered}
+        info = self._info(dropped_turns=len(older), summarised=True)
+        if isinstance(result, SampledSummary) and self.train_summaries:
+            ids, messages = self._splice(tokenizer, request, head, kept, covered, result.completion)
+            step = _summary_step(tokenizer, result, covered, generate_s)
+            return ContextPrompt(ids, messages, info, steps=(step,) if step.response_ids else ())
+        if isinstance(result, SampledSummary):
+            result = tokenizer.decode(list(result.completion.token_ids), skip_special_tokens=True).strip()
+        if not isinstance(result, str):
+            raise TypeError(
+                f"summarize: the summarizer returned {type(result).__name__}, expected str or SampledSummary"
+            )
+        new_summary = {"role": "user", "content": self.prefix + result, SUMMARY_KEY: covered}
         messages = tuple(_join(head, new_summary, kept))
-        ids = _rendered_prompt(tokenizer, messages, request.tools)
-        return ContextPrompt(ids, messages, self._info(dropped_turns=len(older), summarised=True))
+        return ContextPrompt(_rendered_prompt(tokenizer, messages, request.tools), messages, info)
+
+    def _summarizer(self, tokenizer: PreTrainedTokenizerBase, request: ContextRequest) -> Summarizer:
+        if self.summarizer != "policy":
+            return self.summarizer
+        if request.policy is None:
+            raise ContextError(
+                "summarize: summarizer='policy' asks the acting policy for the summary, but no policy "
+                "was lent to the environment (AgentEnvLoop lends it through AgentEnv.lend_policy); "
+                "outside a flow pass summarizer=engine_summarizer(engine, tokenizer, sampling_params)"
+            )
+        return _sampling_summarizer(request.policy.generate, tokenizer, self.instruction)
+
+    def _splice(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        request: ContextRequest,
+        head: list[Message],
+        kept: list[list[Message]],
+        covered: int,
+        completion: Completion,
+    ) -> tuple[tuple[int, ...], tuple[Message, ...]]:
+        """The next prompt with the sampled summary ids spliced in, and the conversation carried on
+        (whose summary text is those ids decoded, so later renderings read the same text)."""
+        summary_ids = list(completion.token_ids)
+        special = set(tokenizer.all_special_ids)
+        while summary_ids and summary_ids[-1] in special:  # the stop token: the template closes the turn
+            summary_ids.pop()
+        slot = {"role": "user", "content": self.prefix + _SUMMARY_SLOT, SUMMARY_KEY: covered}
+        rendered = render_messages(tokenizer, _join(head, slot, kept), tools=request.tools)
+        if rendered.count(_SUMMARY_SLOT) != 1:
+            raise ContextError(
+                "summarize: the chat template does not render a message's content verbatim, so the "
+                "sampled summary ids cannot be spliced into the prompt; use train_summaries=False"
+            )
+        before, after = rendered.split(_SUMMARY_SLOT)
+        ids = (*encode_text(tokenizer, before), *summary_ids, *encode_text(tokenizer, after))
+        text = tokenizer.decode(summary_ids, skip_special_tokens=False)
+        new_summary = {"role": "user", "content": self.prefix + text, SUMMARY_KEY: covered}
+        return ids, tuple(_join(head, new_summary, kept))
 
 
-SUMMARY_INSTRUCTION = (
-    "Summarise the conversation below for your own later use: keep every fact, number, tool result "
-    "and open question that may matter for the task; drop pleasantries. Reply with the summary only."
-)
+def _summary_step(
+    tokenizer: PreTrainedTokenizerBase, summary: SampledSummary, covered: int, generate_s: float
+) -> Step:
+    completion = summary.completion
+    return Step(
+        prompt_ids=summary.prompt_ids,
+        response_ids=completion.token_ids,
+        logprobs=completion.logprobs,
+        reward=0.0,
+        stop_reason=completion.finish_reason,
+        response_text=tokenizer.decode(list(completion.token_ids), skip_special_tokens=False),
+        policy_version=completion.policy_version or 0,
+        info={SUMMARY_STEP_KEY: {"turns": covered}},
+        timings={"generate": generate_s},
+    )
 
 
 def engine_summarizer(
@@ -394,15 +515,26 @@ def engine_summarizer(
     """A ``summarize`` summarizer that asks a model (e.g. the policy's own engine) for the summary.
 
     The messages to replace are written out as a ``role: content`` transcript after ``instruction``
-    in one user message, rendered with the chat template; the response (special tokens dropped) is
-    the summary. These tokens are not part of any trajectory, so they are not trained on.
+    in one user message, rendered with the chat template; the summarizer returns that request's ids
+    and the engine's completion (``SampledSummary``), which ``summarize`` trains on by default.
     """
+    return _sampling_summarizer(
+        lambda prompt_ids: engine.generate(list(prompt_ids), sampling_params), tokenizer, instruction
+    )
 
-    async def summarize(messages: list[Message]) -> str:
+
+def _sampling_summarizer(
+    generate: Callable[[Sequence[int]], Awaitable[Completion]],
+    tokenizer: PreTrainedTokenizerBase,
+    instruction: str,
+) -> Summarizer:
+    async def summarize(messages: list[Message]) -> SampledSummary:
         transcript = "\n\n".join(f"{m['role']}: {m.get('content') or ''}" for m in messages)
         request = [{"role": "user", "content": f"{instruction}\n\n{transcript}"}]
-        prompt_ids = encode_text(tokenizer, render_messages(tokenizer, request))
-        completion = await engine.generate(prompt_ids, sampling_params)
-        return tokenizer.decode(list(completion.token_ids), skip_special_tokens=True).strip()
+        prompt_ids = tuple(encode_text(tokenizer, render_messages(tokenizer, request)))
+        completion = await generate(prompt_ids)
+        if completion.finish_reason is StopReason.ABORT:
+            raise RuntimeError(f"summarize: the engine aborted the summary request: {completion.error}")
+        return SampledSummary(prompt_ids, completion)
 
     return summarize

@@ -5,7 +5,9 @@ One step = one model response (Agent-R1, arXiv 2511.14460: the action is the who
 1. The response is parsed in the named tool-call format (``hermes`` by default).
 2. Calls or malformed calls (parse errors): the calls run concurrently (``ToolSet.execute``, outputs cut
    to ``max_tool_output_chars``); results and errors go back to the model as chat messages; the
-   context policy builds the next prompt. A malformed call is never taken as the final answer.
+   context policy builds the next prompt (a policy that asks the model for a summary returns that
+   call, which becomes a step of its own: ``StepResult.policy_steps``). A malformed call is never
+   taken as the final answer.
    A response cut by ``max_tokens`` inside a call gets an extra error saying so.
    A near miss — no call in the format's syntax, but plainly one in a spelling it does not accept
    (``<TOOL_CALL>``, the call JSON in a code fence, ``action:`` in lower case; see the format's
@@ -27,7 +29,8 @@ response is a near miss — in either mode — else 0; ``tool_count_metrics`` av
 ``tool_results`` ([str], what the model reads, per call), ``tool_errors`` ([str]: malformed calls or the
 near-miss message, then the contents of calls that failed); ``context`` (the policy's report); on the
 final answer ``answer`` and ``success`` (``outcome_reward >= success_threshold``); ``truncated`` (and
-``success`` False) when ``max_turns`` ends the episode.
+``success`` False) when ``max_turns`` ends the episode. A summary step (``summarize`` with a sampled
+summary) carries ``summary`` only (``agent_r1.envs.context.SUMMARY_STEP_KEY``).
 """
 
 from __future__ import annotations
@@ -173,7 +176,11 @@ class ToolEnv(AgentEnv):
     async def reset(self, task: Task) -> Observation:
         self._task = task
         self._turn = 0
-        request = ContextRequest(tuple(self._opening_messages(task)), self._tool_schemas())
+        request = ContextRequest(
+            tuple(self._opening_messages(task)), self._tool_schemas(), policy=self.policy
+        )
+        # A summary made here (a task that opens with more than max_turns turns) precedes every action:
+        # it is part of the initial state, so its call (prompt.steps) is not a step of the trajectory.
         prompt = await self.context.build(self.tokenizer, request)
         self._messages, self._prompt_ids = prompt.messages, prompt.token_ids
         return Observation(token_ids=prompt.token_ids)
@@ -239,12 +246,17 @@ class ToolEnv(AgentEnv):
         previous = PreviousTurn(self._prompt_ids, action.token_ids, num_messages=len(self._messages))
         observation_messages = self.format.observation_messages(results, errors)
         request = ContextRequest(
-            (*self._messages, assistant, *observation_messages), self._tool_schemas(), previous
+            (*self._messages, assistant, *observation_messages), self._tool_schemas(), previous, self.policy
         )
         prompt = await self.context.build(self.tokenizer, request)
         self._messages, self._prompt_ids = prompt.messages, prompt.token_ids
         info["context"] = prompt.info
-        return StepResult(observation=Observation(token_ids=prompt.token_ids), reward=reward, info=info)
+        return StepResult(
+            observation=Observation(token_ids=prompt.token_ids),
+            reward=reward,
+            info=info,
+            policy_steps=prompt.steps,
+        )
 
     def _step_reward(self, parsed: ParsedResponse, results: Sequence[ToolResult], task: Task) -> float:
         return 0.0 if self.step_reward is None else float(self.step_reward(parsed, results, task))

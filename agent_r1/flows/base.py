@@ -18,13 +18,13 @@ import asyncio
 import time
 import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from agent_r1.envs.base import AgentEnv
+from agent_r1.envs.base import AgentEnv, LentPolicy
 from agent_r1.envs.context import encode_text, render_messages, task_id, task_messages
 from agent_r1.models.loading import require_chat_template
 from agent_r1.rollout.base import Engine
@@ -222,6 +222,9 @@ class AgentEnvLoop(AgentFlow):
       raises ``PromptTooLongError`` (``"raise"``).
     - ``max_tokens`` is capped per step so that prompt + response fits ``max_total_tokens``.
     - Each Step carries ``timings = {"generate": s, "env_step": s}``.
+    - The env is lent the engine (``AgentEnv.lend_policy``) for policy calls of its own, sampled with
+      the same params; the Steps it returns in ``StepResult.policy_steps`` (a summary) follow the
+      step that caused them. They do not count towards ``max_steps``.
     - An exception in the env (reset/step/close) or the engine ends the trajectory with status ERROR,
       ``error`` = a short traceback, and the completed steps kept. ``PromptTooLongError`` is raised,
       not caught, in "raise" mode.
@@ -256,6 +259,7 @@ class AgentEnvLoop(AgentFlow):
         env: AgentEnv | None = None
         try:
             env = self.env_factory()
+            env.lend_policy(LentPolicy(self._lent_generate(engine)))
             observation = await env.reset(task)
             for _ in range(self.max_steps):
                 prompt_ids = observation_ids(observation, self.tokenizer)
@@ -292,6 +296,7 @@ class AgentEnvLoop(AgentFlow):
                         timings={"generate": generate_s, "env_step": env_step_s},
                     )
                 )
+                steps.extend(result.policy_steps)
                 if result.outcome_reward is not None:
                     outcome_reward = float(result.outcome_reward)
                 if "success" in result.info:
@@ -319,6 +324,15 @@ class AgentEnvLoop(AgentFlow):
                 info=info,
             )
         return Trajectory(task_id(task), steps, outcome_reward=outcome_reward, status=status, info=info)
+
+    def _lent_generate(self, engine: Engine) -> Callable[[Sequence[int]], Awaitable[Completion]]:
+        """The policy call lent to the env: this flow's sampling params and abort handling."""
+
+        async def generate(prompt_ids: Sequence[int]) -> Completion:
+            ids = list(prompt_ids)
+            return await _generate(engine, ids, self.limits.params_for(len(ids)))
+
+        return generate
 
 
 async def _close_quietly(env: AgentEnv | None) -> None:

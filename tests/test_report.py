@@ -21,7 +21,14 @@ from hypothesis import strategies as st
 
 from agent_r1.report import load_run, render_html, write_report
 from agent_r1.report.html import chart_groups, embed_json, overlap_fraction, phase_timeline
-from agent_r1.report.run import ContextChange, metric_series, prompt_segments, read_metrics
+from agent_r1.report.run import (
+    SUMMARY_STEP_KEY,
+    ContextChange,
+    metric_series,
+    prompt_segments,
+    read_metrics,
+    trajectory_view,
+)
 from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus, read_jsonl, write_jsonl
 
 INJECTION = "</script><script>window.__pwned = 1</script><!--"
@@ -383,6 +390,39 @@ def test_trajectory_views_show_context_changes_tools_tokens_and_outcomes(run_dir
     tokens = solved["steps"][0]["tokens"]
     assert "".join(t for t, _ in tokens) == solved["steps"][0]["response"] + "<|im_end|>"
     assert sum(lp < math.log(0.1) for _, lp in tokens) >= 3
+
+
+def test_a_summary_step_shows_as_one_and_the_next_step_continues_the_episodes_context():
+    from agent_r1.envs.context import SUMMARY_STEP_KEY as CONTEXT_KEY
+
+    assert SUMMARY_STEP_KEY == CONTEXT_KEY
+    summarised = {"policy": "summarize", "dropped_turns": 2, "summarised": True}
+    steps = (
+        Step((1, 2), (3,), (-0.1,), response_text="r0", info={"prompt_text": "A "}),
+        Step(
+            (1, 2, 3, 4),
+            (5,),
+            (-0.2,),
+            response_text="r1",
+            info={"prompt_text": "A r0 B ", "context": summarised},
+        ),
+        Step(
+            (9, 9),
+            (7,),
+            (-0.3,),
+            response_text="S",
+            info={"prompt_text": "Summarise: A r0 B r1", SUMMARY_STEP_KEY: {"turns": 2}},
+        ),
+        Step((1, 2, 7, 8), (6,), (-0.4,), response_text="r2", info={"prompt_text": "A S C "}),
+    )
+    view = trajectory_view(Trajectory("t", steps), 1, 0)
+    assert [s["context"] for s in view["steps"]] == ["initial", "extends", "summary", "rewritten"]
+    summary, after = view["steps"][2], view["steps"][3]
+    assert summary["summary"] == {"turns": 2} and summary["context_note"] is None
+    assert summary["prompt"] == [["new", "Summarise: A r0 B r1"]]
+    # The step after the summary is compared with the step that triggered it, and carries its note.
+    assert after["context_note"] == summarised
+    assert "".join(t for k, t in after["prompt"] if k != "drop") == "A S C "
 
 
 def test_embedded_trajectories_are_capped_by_step_and_whole_groups(run_dir):

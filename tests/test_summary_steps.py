@@ -129,6 +129,7 @@ def test_one_update_reaches_the_summary_tokens(tiny_checkpoint, tmp_path):
     try:
         (group,) = trainer.rollout(tasks(1), step=1)
         assert [summary_rows(t) for t in group.trajectories] == [[2], [2]]
+        assert trainer.rollout_metrics([group])["context/summary_steps_per_trajectory"] == 1.0
         # One sample succeeds, one fails: GRPO credits the outcome to every step, the summary included.
         won, lost = (
             replace(t, outcome_reward=r) for t, r in zip(group.trajectories, (1.0, 0.0), strict=True)

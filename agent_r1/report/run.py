@@ -43,6 +43,11 @@ class ContextChange(str, Enum):
     INITIAL = "initial"  # the first step of the trajectory
     EXTENDS = "extends"  # the prompt starts with the previous prompt + response (the "append" case)
     REWRITTEN = "rewritten"  # the context policy dropped, summarised or rewrote something
+    SUMMARY = "summary"  # a summary step: its prompt is the summarisation request, not the episode's
+
+
+SUMMARY_STEP_KEY = "summary"
+"""The Step.info key of a summary step (``agent_r1.envs.context.SUMMARY_STEP_KEY``)."""
 
 
 @dataclass(frozen=True)
@@ -260,13 +265,16 @@ def _short_info(info: dict[str, Any]) -> dict[str, Any]:
 
 def _step_view(index: int, step: Step, previous: Step | None) -> dict[str, Any]:
     info = step.info
-    change = _context_change(previous, step)
+    summary = info.get(SUMMARY_STEP_KEY) if isinstance(info.get(SUMMARY_STEP_KEY), dict) else None
+    change = ContextChange.SUMMARY if summary is not None else _context_change(previous, step)
     prompt_text = info.get("prompt_text")
     previous_text = None
     if previous is not None and isinstance(previous.info.get("prompt_text"), str):
         previous_text = previous.info["prompt_text"] + previous.response_text
     segments = None
-    if isinstance(prompt_text, str) and (change is ContextChange.INITIAL or previous_text is not None):
+    if isinstance(prompt_text, str) and change is ContextChange.SUMMARY:
+        segments = [["new", prompt_text]]
+    elif isinstance(prompt_text, str) and (change is ContextChange.INITIAL or previous_text is not None):
         segments = prompt_segments(previous_text or "", prompt_text, change)
     tokens = info.get("response_tokens")
     token_view = None
@@ -282,7 +290,8 @@ def _step_view(index: int, step: Step, previous: Step | None) -> dict[str, Any]:
         "context": change.value,
         # An env's step info describes the transition to the NEXT prompt (ToolEnv reports how its
         # context policy built it there), so this prompt's note is on the previous step.
-        "context_note": _jsonable(previous.info.get("context")) if previous is not None else None,
+        "context_note": _jsonable(previous.info.get("context")) if previous and summary is None else None,
+        "summary": _jsonable(summary),
         "prompt": segments,
         "prompt_tokens": len(step.prompt_ids),
         "response": step.response_text,
@@ -315,7 +324,8 @@ def trajectory_view(trajectory: Trajectory, train_step: int, index: int) -> dict
     previous = None
     for i, step in enumerate(trajectory.steps):
         steps.append(_step_view(i, step, previous))
-        previous = step
+        if SUMMARY_STEP_KEY not in step.info:  # the step after a summary continues the episode's context
+            previous = step
     info = {k: v for k, v in trajectory.info.items() if k != "success"}
     return {
         "id": f"{train_step}:{index}",

@@ -61,6 +61,7 @@ from agent_r1.algos import (
     off_policy_correction,
 )
 from agent_r1.envs.agent_program import gateway_metrics
+from agent_r1.envs.context import SUMMARY_STEP_KEY
 from agent_r1.envs.tool_env import tool_count_metrics
 from agent_r1.flows.base import AgentFlow
 from agent_r1.train.backends import local_learner, local_rollout
@@ -727,6 +728,9 @@ class Trainer:
             "rollout/error_fraction": 1 - len(ok) / max(len(trajectories), 1),
             "rollout/truncated_fraction": _mean([float(t.status is TrajectoryStatus.TRUNCATED) for t in ok]),
         }
+        summaries = [sum(SUMMARY_STEP_KEY in s.info for s in t.steps) for t in ok]
+        if any(summaries):  # trained summary steps (``summarize``), counted in steps_per_trajectory too
+            metrics["context/summary_steps_per_trajectory"] = _mean(summaries)
         metrics.update(tool_count_metrics(steps))
         metrics.update(gateway_metrics(ok))
         return {name: value for name, value in metrics.items() if not math.isnan(value)}

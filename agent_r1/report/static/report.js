@@ -177,7 +177,7 @@
       if (!step.prompt) { previous = null; return null; }
       const text = step.prompt.map(([kind, payload]) =>
         kind === "ctx" ? (previous || "").slice(0, payload) : kind === "drop" ? "" : payload).join("");
-      previous = text + step.response;
+      if (step.context !== "summary") previous = text + step.response;  // a summary request is a side call
       return text;
     });
     return t._texts;
@@ -232,6 +232,12 @@
     if (step.context === "initial") {
       return el("div", {}, label, el("details", { open: i === 0 && t.steps.length === 1 },
         el("summary", { text: `initial prompt (${texts[i].length} chars)` }), el("pre", { class: "box", text: texts[i] })));
+    }
+    if (step.context === "summary") {
+      const turns = step.summary && step.summary.turns;
+      return el("div", {}, label,
+        el("div", { class: "rewritten", text: `summary step, trained: the policy summarises ${turns ? plural(turns, "earlier turn") : "the earlier turns"}; the next step's prompt holds exactly these response tokens` }),
+        el("details", {}, el("summary", { text: `summarisation request (${texts[i].length} chars)` }), el("pre", { class: "box", text: texts[i] })));
     }
     if (step.context === "extends") {
       const [ctx, added] = [step.prompt[0][1], step.prompt[1][1]];

@@ -48,14 +48,11 @@ def test_vllm_engine_in_process():
     assert results["logprob_gap_max"] < 1e-3
 
 
-@pytest.mark.parametrize("backend", ["none", "ray"])
-def test_the_trainer_with_vllm_engines_samples_with_the_trained_weights(backend):
-    """``rollout.engine: vllm`` in one process and on Ray (2 rollout actors with vLLM engines, 1 learner
-    worker): 2 steps; the second step's log-probs match the synced weights
-    (tests/vllm/check_trainer_vllm.py)."""
+def check_trainer(*args: str) -> dict:
+    """Run tests/vllm/check_trainer_vllm.py with ``args`` in .venv-vllm; its measurements."""
     env = {**ENV, "PYTHONPATH": str(REPO / "tests"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [str(VLLM_PYTHON), "tests/vllm/check_trainer_vllm.py", backend],
+        [str(VLLM_PYTHON), "tests/vllm/check_trainer_vllm.py", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -63,7 +60,15 @@ def test_the_trainer_with_vllm_engines_samples_with_the_trained_weights(backend)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    results = json.loads(line.removeprefix("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+@pytest.mark.parametrize("backend", ["none", "ray"])
+def test_the_trainer_with_vllm_engines_samples_with_the_trained_weights(backend):
+    """``rollout.engine: vllm`` in one process and on Ray (2 rollout actors with vLLM engines, 1 learner
+    worker): 2 steps; the second step's log-probs match the synced weights
+    (tests/vllm/check_trainer_vllm.py)."""
+    results = check_trainer(backend)
     print(f"vLLM trainer ({backend}):", results)
     assert results["policy_versions_sampled"] == [1]
     assert results["gap_to_synced_weights"] < 1e-2 < results["gap_to_initial_weights"]
@@ -71,19 +76,12 @@ def test_the_trainer_with_vllm_engines_samples_with_the_trained_weights(backend)
 
 def test_async_training_in_one_process_with_vllm_stamps_each_step_with_the_weights_that_sampled_it():
     """``trainer.mode: async`` with the in-process vLLM engine: the rollout runs on a rollout thread
-    while the learner updates, each update lands mid-rollout between requests, and every step's
+    while the learner updates, the engine takes each update between requests, and every step's
     sampler log-probs are those of the version it records (tests/vllm/check_trainer_vllm.py)."""
-    env = {**ENV, "PYTHONPATH": str(REPO / "tests"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), "tests/vllm/check_trainer_vllm.py", "none", "async"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    print("vLLM async trainer:", json.loads(line.removeprefix("RESULT ")))
+    results = check_trainer("none", "async")
+    print("vLLM async trainer:", results)
+    assert results["versions_by_step"]["1"] == [0]
+    assert results["gap_to_recorded_version"] < 1e-2 < results["gap_to_initial_weights"]
 
 
 def free_port() -> int:

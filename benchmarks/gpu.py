@@ -14,8 +14,10 @@ reach the next; each gets a time limit inside ``--budget-s``):
               seconds to ``wake``;
   train-hf    full ``Trainer.train_step`` calls on one device: the 0.5B body with the byte-level tiny
   train-vllm  tokenizer's vocabulary (the tokenizer must match the model), the arithmetic task's real
-              ``ToolEnv``, GRPO; the HF engine sharing the learner's model, then vLLM colocated with
-              the learner and asleep during each update. Step 1 warms up; the last step is reported.
+  train-async ``ToolEnv``, GRPO; the HF engine sharing the learner's model, then vLLM colocated with
+              the learner and asleep during each update, then ``trainer.mode: async`` (the HF engine
+              on its own copy samples step k+1 on a rollout thread while step k trains, partial
+              rollouts). Step 1 warms up; the last step is reported.
 
 MFU = model FLOPs / seconds / peak: 6 x N x tokens for the N non-embedding parameters every token
 passes through, plus 6 x hidden x vocab per scored token for the LM head (which the learner runs at
@@ -86,6 +88,7 @@ SECTIONS = (
     ("vllm", "vLLM engine", 180),
     ("train-hf", "train step (hf)", 150),
     ("train-vllm", "train step (vllm, sleep mode)", 180),
+    ("train-async", "train step (hf, async)", 120),
 )
 GIB = 2**30
 
@@ -461,7 +464,7 @@ def vllm_rows(folder: Path, args) -> Iterator[Measurement]:
 # ------------------------------------------------------------------ sections train-hf, train-vllm
 
 
-def train_config(args, model_path: Path, run_dir: Path, engine: str):
+def train_config(args, model_path: Path, run_dir: Path, engine: str, mode: str = "sync"):
     from agent_r1.train.config import config_from_dict
 
     quick = args.quick
@@ -474,6 +477,8 @@ def train_config(args, model_path: Path, run_dir: Path, engine: str):
     }
     if engine == "vllm":
         rollout["engine_kwargs"] = {"gpu_memory_utilization": args.vllm_memory, "enable_sleep_mode": True}
+    if mode == "async":  # the engine samples from its own copy; the PPO ratio against the sampler
+        rollout["share_model"] = False
     return config_from_dict(
         {
             "model": {"path": str(model_path), "dtype": args.dtype, "device": args.device},
@@ -485,13 +490,15 @@ def train_config(args, model_path: Path, run_dir: Path, engine: str):
                 "mini_batches": 1 if quick else 2,
                 "micro_batch_tokens": 4096 if quick else 16_384,
                 "run_dir": str(run_dir),
+                "mode": mode,
             },
+            "algorithm": {"old_logprobs": "sampler"} if mode == "async" else {},
             "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False, "report": False},
         }
     )
 
 
-def section_train(args, engine: str) -> Iterator[Measurement]:
+def section_train(args, engine: str, mode: str = "sync") -> Iterator[Measurement]:
     if engine == "vllm":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from agent_r1.models.tiny import save_tiny_checkpoint
@@ -501,11 +508,13 @@ def section_train(args, engine: str) -> Iterator[Measurement]:
 
     device = torch.device(args.device)
     label = "train step (hf)" if engine == "hf" else "train step (vllm, sleep mode)"
+    if mode == "async":
+        label = "train step (hf, async)"
     with tempfile.TemporaryDirectory() as tmp:
         model_path = save_tiny_checkpoint(
             Path(tmp) / "model", max_position_embeddings=4096, **model_shape(args)
         )
-        config = train_config(args, model_path, Path(tmp) / "run", engine)
+        config = train_config(args, model_path, Path(tmp) / "run", engine, mode)
         cfg = config.trainer
         trainer = Trainer(config, train_tasks=make_dataset(cfg.tasks_per_step * cfg.steps))
         try:
@@ -528,6 +537,16 @@ def section_train(args, engine: str) -> Iterator[Measurement]:
     )
     for phase in ("rollout", "reference", "update", "sync"):
         yield Measurement(f"{label}: {phase}", last.get(f"time/{phase}", 0.0), "s")
+    if mode == "async":
+        from agent_r1.report.html import overlap_fraction, phase_timeline
+
+        timeline = phase_timeline([{**m, "step": k} for k, m in enumerate(steps, 1)][1:])
+        yield Measurement(
+            f"{label}: update time beside a rollout",
+            100 * (overlap_fraction(timeline) or 0.0),
+            "%",
+            note=f"staleness max {max(m.get('async/staleness_max', 0.0) for m in steps):.0f}",
+        )
     yield Measurement(
         f"{label}: sampled tokens/s",
         last["throughput/tokens_per_s"],
@@ -543,6 +562,7 @@ def run_section(name: str, args) -> None:
         "vllm": section_vllm,
         "train-hf": lambda a: section_train(a, "hf"),
         "train-vllm": lambda a: section_train(a, "vllm"),
+        "train-async": lambda a: section_train(a, "hf", "async"),
     }
     for measurement in sections[name](args):
         emit(measurement)

@@ -7,7 +7,9 @@ scheduled differs):
   ``--sync-threads`` torch threads (default 2: both cores on one phase at a time) and at 1 thread;
 - ``async``: ``trainer.mode: async`` in one process (``rollout.share_model: false``: the HF engine
   samples from its own copy on a rollout thread; partial rollouts), at 1 torch thread, so that the
-  rollout and the update each get a core.
+  rollout and the update each get a core (they still share one Python interpreter lock);
+- ``async-ray``: the same loop on Ray on this machine: one rollout actor and one learner worker, each
+  a process of its own at 1 torch thread (weights through the object store after every update).
 
 Tasks:
 
@@ -48,6 +50,7 @@ from multiturn import make_env, train_for, warm_starts  # a sibling script (its 
 
 from agent_r1.commands import quickstart
 from agent_r1.envs.base import AgentEnv
+from agent_r1.models.loading import save_model
 from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
 from agent_r1.report.html import overlap_fraction, phase_timeline
 from agent_r1.tasks import get_task
@@ -56,11 +59,13 @@ from agent_r1.train.trainer import Trainer
 from agent_r1.types import Action, Observation, StepResult
 
 ARMS = {
-    # name: (trainer.mode, torch threads or None for --sync-threads)
-    "sync": ("sync", None),
-    "sync-1t": ("sync", 1),
-    "async": ("async", 1),
+    # name: (trainer.mode, torch threads or None for --sync-threads, distributed.backend)
+    "sync": ("sync", None, "none"),
+    "sync-1t": ("sync", 1, "none"),
+    "async": ("async", 1, "none"),
+    "async-ray": ("async", 1, "ray"),
 }
+BENCHMARKS = Path(__file__).resolve().parent
 TASKS = ("quickstart", "longtail")
 
 
@@ -107,7 +112,8 @@ def longtail_tasks(n: int, seed: int) -> list[dict]:
     ]
 
 
-def arm_config(task: str, mode: str, threads: int, args, run_dir: Path):
+def arm_config(task: str, arm: str, threads: int, args, run_dir: Path, model_path: Path | None):
+    mode, _, backend = ARMS[arm]
     settings = quickstart.rl_settings(
         steps=10_000,
         tasks_per_step=args.tasks_per_step,
@@ -120,20 +126,29 @@ def arm_config(task: str, mode: str, threads: int, args, run_dir: Path):
     if task == "longtail":
         settings["rollout"].update(max_tokens=12, max_steps=8)
         settings["trainer"]["lr"] = 3e-3
+    extra = {}
     if mode == "async":
         settings["trainer"]["mode"] = "async"
         settings["rollout"]["share_model"] = False
+    if backend == "ray":  # the actors build model, engine and env from the config
+        extra["distributed"] = {"backend": "ray", "num_rollout_actors": 1, "num_learner_workers": 1}
+        extra["env"] = (
+            {"name": "agent_r1.tasks.prepare:task_env", "kwargs": {"task": "arithmetic"}}
+            if task == "quickstart"
+            else {"name": "async:LongTailEnv"}
+        )
     return config_from_dict(
         {
             **settings,
-            "model": {"path": ""},
+            **extra,
+            "model": {"path": str(model_path) if backend == "ray" else ""},
             "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False},
         }
     )
 
 
 def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
-    mode, threads = ARMS[arm]
+    _, threads, backend = ARMS[arm]
     threads = threads or args.sync_threads
     torch.set_num_threads(threads)
     if task == "quickstart":
@@ -150,14 +165,28 @@ def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
         def env_factory():
             return LongTailEnv(tokenizer)
 
-    trainer = Trainer(
-        arm_config(task, mode, threads, args, out / f"{task}-{arm}"),
-        tokenizer=tokenizer,
-        model=copy.deepcopy(model),
-        env_factory=env_factory,
-        train_tasks=train_tasks,
-        val_tasks=heldout,
-    )
+    if backend == "ray":
+        from agent_r1.distributed import actor_runtime_env
+
+        model_path = out / f"{task}-model"
+        if not model_path.exists():
+            save_model(model, tokenizer, model_path)
+        config = arm_config(task, arm, threads, args, out / f"{task}-{arm}", model_path)
+        trainer = Trainer(
+            config,
+            train_tasks=train_tasks,
+            val_tasks=heldout,
+            runtime_env=actor_runtime_env([str(BENCHMARKS)]),
+        )
+    else:
+        trainer = Trainer(
+            arm_config(task, arm, threads, args, out / f"{task}-{arm}", None),
+            tokenizer=tokenizer,
+            model=copy.deepcopy(model),
+            env_factory=env_factory,
+            train_tasks=train_tasks,
+            val_tasks=heldout,
+        )
     try:
         before = trainer.evaluate()["eval/success"]
         started = time.perf_counter()

@@ -155,6 +155,23 @@ def test_a_background_rollout_takes_new_weights_from_each_trajectorys_next_step(
             assert (recomputed - torch.tensor(step.logprobs)).abs().max() < 1e-4
 
 
+def test_closing_a_background_rollout_cancels_the_job_in_flight(tiny_checkpoint, tiny_tokenizer):
+    policy = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32)
+    engine = HFEngine(engine_copy(policy, None), tokenizer=tiny_tokenizer)
+    flow = AgentEnvLoop(lambda: GatedEnv(tiny_tokenizer), tiny_tokenizer, SamplingParams(max_tokens=5))
+    rollouts = LocalRollout(engine, flow, None, shares_model=False, owns_engine=False, background=True)
+    GatedEnv.gate.clear()  # never opened: the job cannot finish by itself
+    GatedEnv.arrived = 0
+    job = rollouts.submit(tasks(2), 2, "seed")
+    deadline = time.monotonic() + 120
+    while GatedEnv.arrived < 4:
+        assert time.monotonic() < deadline, "the background rollout did not progress"
+        time.sleep(0.01)
+    rollouts.close()  # returns: the job is cancelled, not waited for
+    assert job.running.cancelled() or isinstance(job.running.exception(), asyncio.CancelledError)
+    GatedEnv.gate.set()
+
+
 def _config(tiny_checkpoint, run_dir, **sections):
     data = {
         "model": {"path": str(tiny_checkpoint)},

@@ -130,9 +130,19 @@ class _RolloutThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def close(self) -> None:
+        """Cancel what still runs (a rollout abandoned by an error: its envs are closed as it
+        unwinds), then stop the loop."""
+        asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
+
+
+async def _cancel_all() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class LocalRollout:

@@ -78,8 +78,8 @@ def make_env(tokenizer, context: str):
     return arithmetic.make_env(tokenizer, max_turns=get_task("arithmetic").max_turns, context=context)
 
 
-def warm_starts(tokenizer, args) -> dict[str, tuple[object, str]]:
-    """The SFT warm start for each context policy: (model, how it was made).
+def warm_starts(tokenizer, args, contexts: tuple[str, ...] = CONTEXTS) -> dict[str, tuple[object, str]]:
+    """The SFT warm start for each context policy in ``contexts``: (model, how it was made).
 
     The demonstrations are replayed through each context's env; when both give identical training
     sequences (the byte-level tokenizer round-trips, so they usually do) one SFT serves both (copied),
@@ -97,10 +97,10 @@ def warm_starts(tokenizer, args) -> dict[str, tuple[object, str]]:
                 seed=args.seed,
             )
         )
-        for context in CONTEXTS
+        for context in contexts
     }
     trained: dict[str, tuple[object, str]] = {}
-    for context in CONTEXTS:
+    for context in contexts:
         same = next((c for c in trained if sequences[c] == sequences[context]), None)
         if same is not None:
             trained[context] = (copy.deepcopy(trained[same][0]), f"same sequences as {same}: copied")
@@ -180,9 +180,9 @@ def progress(message: str) -> None:
     print(f"[multiturn {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=3.0, help="wall-clock RL budget per context")
+def add_quickstart_arguments(parser: argparse.ArgumentParser) -> None:
+    """The quickstart's warm-start, evaluation and RL sizes, and the torch threads (shared with
+    ``vs_trl_multiturn.py``)."""
     parser.add_argument(
         "--sft-demos", type=int, default=quickstart.DEFAULTS["sft_demos"], help="warm-start demonstrations"
     )
@@ -200,6 +200,12 @@ def main() -> None:
         default=1,
         help="torch threads (default 1: steadier than 2 on a shared 2-core machine, see benchmarks/README.md)",
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=3.0, help="wall-clock RL budget per context")
+    add_quickstart_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     args = parser.parse_args()
     if args.quick:

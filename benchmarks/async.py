@@ -46,7 +46,12 @@ import time
 from pathlib import Path
 
 import torch
-from multiturn import make_env, train_for, warm_starts  # a sibling script (its folder is on sys.path)
+from multiturn import (  # a sibling script (its folder is on sys.path)
+    budgeted_settings,
+    make_env,
+    train_for,
+    warm_starts,
+)
 
 from agent_r1.commands import quickstart
 from agent_r1.envs.base import AgentEnv
@@ -116,37 +121,22 @@ def longtail_tasks(n: int, seed: int) -> list[dict]:
 
 def arm_config(task: str, arm: str, threads: int, args, run_dir: Path, model_path: Path | None):
     mode, _, backend = ARMS[arm]
-    settings = quickstart.rl_settings(
-        steps=10_000,
-        tasks_per_step=args.tasks_per_step,
-        group_size=args.group_size,
-        lr=args.lr,
-        seed=args.seed,
-        run_dir=str(run_dir),
-        threads=threads,
-    )
+    settings = budgeted_settings(args, run_dir, threads)
     if task == "longtail":
         settings["rollout"].update(max_tokens=12, max_steps=8)
         settings["trainer"]["lr"] = 3e-3
-    extra = {}
     if mode == "async":
         settings["trainer"]["mode"] = "async"
         settings["rollout"]["share_model"] = False
     if backend == "ray":  # the actors build model, engine and env from the config
-        extra["distributed"] = {"backend": "ray", "num_rollout_actors": 1, "num_learner_workers": 1}
-        extra["env"] = (
+        settings["model"] = {"path": str(model_path)}
+        settings["distributed"] = {"backend": "ray", "num_rollout_actors": 1, "num_learner_workers": 1}
+        settings["env"] = (
             {"name": "agent_r1.tasks.prepare:task_env", "kwargs": {"task": "arithmetic"}}
             if task == "quickstart"
             else {"name": "async:LongTailEnv"}
         )
-    return config_from_dict(
-        {
-            **settings,
-            **extra,
-            "model": {"path": str(model_path) if backend == "ray" else ""},
-            "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False},
-        }
-    )
+    return config_from_dict(settings)
 
 
 def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:

@@ -123,6 +123,25 @@ def warm_starts(tokenizer, args, contexts: tuple[str, ...] = CONTEXTS) -> dict[s
     return trained
 
 
+def budgeted_settings(args, run_dir: Path, threads: int | None) -> dict:
+    """The quickstart's RL config sections for a wall-clock-budgeted run (``train_for``): steps without
+    end, the model passed in (no ``model.path``), no progress bar, TensorBoard or trajectory dumps."""
+    settings = quickstart.rl_settings(
+        steps=10_000,
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group_size,
+        lr=args.lr,
+        seed=args.seed,
+        run_dir=str(run_dir),
+        threads=threads,
+    )
+    return {
+        **settings,
+        "model": {"path": ""},
+        "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False},
+    }
+
+
 def run_rl(context: str, tokenizer, model, args, out: Path) -> dict:
     """Held-out evaluation, budgeted RL, held-out evaluation; for one context policy."""
     spec = get_task("arithmetic")
@@ -131,22 +150,7 @@ def run_rl(context: str, tokenizer, model, args, out: Path) -> dict:
     heldout = spec.make_dataset(args.eval_tasks, split="test", seed=args.seed)
 
     # quickstart's RL settings, with the context policy and no checkpoints or dumps inside the timed loop.
-    settings = quickstart.rl_settings(
-        steps=10_000,
-        tasks_per_step=args.tasks_per_step,
-        group_size=args.group_size,
-        lr=args.lr,
-        seed=args.seed,
-        run_dir=str(out / context),
-        threads=args.threads,
-    )
-    config = config_from_dict(
-        {
-            **settings,
-            "model": {"path": ""},
-            "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False},
-        }
-    )
+    config = config_from_dict(budgeted_settings(args, out / context, args.threads))
     trainer = Trainer(
         config,
         tokenizer=tokenizer,

@@ -181,10 +181,6 @@ class LocalRollout:
         self.shares_model, self.owns_engine, self.sleeps = shares_model, owns_engine, sleeps
         self._thread = _RolloutThread() if background else None
 
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
     def submit(self, tasks: Sequence[Task], n: int, seed_base: str, *, evaluation: bool = False) -> _LocalJob:
         if evaluation and self.eval_flow is None:
             raise ValueError("no evaluation flow: give an env (env.name or env_factory) or eval_flow")

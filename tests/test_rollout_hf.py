@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from agent_r1.models.tiny import save_tiny_checkpoint
 from agent_r1.rollout import Engine, HFEngine
+from agent_r1.rollout.hf import _padding_chunks
 from agent_r1.rollout.sampling import sample_next_tokens
 from agent_r1.types import Completion, SamplingParams, StopReason
 
@@ -66,6 +67,27 @@ def test_logprobs_match_learner_recomputation_under_padding_and_joins(engine, mo
         assert c.error is None and len(c.token_ids) >= 1
         gap = (learner_logprobs(model, p, c, sp.temperature) - torch.tensor(c.logprobs)).abs().max()
         assert gap < 1e-4, (sp, float(gap))
+
+
+def test_eager_attention_gets_the_same_logprobs(tiny_checkpoint):
+    """The engine passes its own 4D float mask to ``sdpa`` and ``eager`` attention alike: an eager
+    model's rows (padded, joining with a reused turn) match its unpadded recomputation too."""
+    eager = AutoModelForCausalLM.from_pretrained(
+        tiny_checkpoint, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    engine = HFEngine(eager)
+
+    async def main():
+        short = engine.generate(prompt(4), SamplingParams(temperature=1.0, max_tokens=12, seed=1))
+        first = await engine.generate(prompt(30, 2), SamplingParams(temperature=1.0, max_tokens=6, seed=2))
+        turn = prompt(30, 2) + list(first.token_ids) + [7, 8]
+        return await asyncio.gather(short, engine.generate(turn, SamplingParams(max_tokens=9, seed=3))), turn
+
+    (short, later), turn = asyncio.run(main())
+    assert engine.prefix_hits == 1
+    for ids, c in ((prompt(4), short), (turn, later)):
+        gap = (learner_logprobs(eager, ids, c, 1.0) - torch.tensor(c.logprobs)).abs().max()
+        assert c.error is None and gap < 1e-4, float(gap)
 
 
 def test_next_turn_reuses_the_previous_turns_kv_exactly(model):
@@ -130,6 +152,74 @@ def test_a_group_sharing_its_prompt_is_prefilled_once_and_samples_independently(
         ids = prompt(9, 1) if i == 2 else group
         gap = (learner_logprobs(model, ids, c, 1.0) - torch.tensor(c.logprobs)).abs().max()
         assert c.error is None and gap < 1e-4, (i, float(gap))
+
+
+class PrefillSpyEngine(HFEngine):
+    """Test spy: records the distinct prompts of each prefill forward."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prefill_forwards: list[int] = []
+
+    def _prefill_rows(self, prompts, stored, by_prompt):
+        self.prefill_forwards.append(len(prompts))
+        super()._prefill_rows(prompts, stored, by_prompt)
+
+
+def test_joining_prompts_of_very_different_lengths_prefill_in_chunks_exactly(model):
+    """A turn rejoining with a few new tokens, a long fresh prompt and a short one arrive together:
+    on CPU they run as separate forwards (padding the short ones to 300 tokens would cost more), two
+    prompts extending the same stored turn reuse it once (the other runs in full), and every row's
+    log-probs still equal the learner's."""
+    engine = PrefillSpyEngine(model)
+    base = prompt(20, 2)
+    first = asyncio.run(engine.generate(base, SamplingParams(temperature=0.0, max_tokens=6)))
+    turn = base + list(first.token_ids)
+    prompts = [turn + [50, 51], turn + [60], prompt(300, 4), prompt(5, 6)]
+    params = [SamplingParams(temperature=1.0, max_tokens=5, seed=k) for k in range(4)]
+
+    async def main():
+        with engine._wakeup:  # the engine thread takes the queue only once all four are in it
+            tasks = [
+                asyncio.ensure_future(engine.generate(p, sp)) for p, sp in zip(prompts, params, strict=True)
+            ]
+            await asyncio.sleep(0)
+        return await asyncio.gather(*tasks)
+
+    engine.prefill_forwards.clear()
+    completions = asyncio.run(main())
+    assert engine.prefix_hits == 1
+    assert len(engine.prefill_forwards) > 1 and sum(engine.prefill_forwards) == 4, engine.prefill_forwards
+    for p, c in zip(prompts, completions, strict=True):
+        gap = (learner_logprobs(model, p, c, 1.0) - torch.tensor(c.logprobs)).abs().max()
+        assert c.error is None and gap < 1e-4, (len(p), float(gap))
+
+
+def _partitions(items: list[int]):
+    """Every set partition of ``items`` (brute force, for small lists)."""
+    if not items:
+        yield []
+        return
+    head, rest = items[0], items[1:]
+    for partition in _partitions(rest):
+        yield [[head], *partition]
+        for i in range(len(partition)):
+            yield [*partition[:i], [head, *partition[i]], *partition[i + 1 :]]
+
+
+@pytest.mark.parametrize("lengths", [[3, 300, 5, 40], [7, 7, 7], [1, 90, 2, 200, 64, 65], [12]])
+@pytest.mark.parametrize("overhead", [0, 64, 10_000])
+def test_padding_chunks_is_the_cheapest_split(lengths, overhead):
+    """The dynamic programme's split costs what the best of all set partitions costs (forwards x
+    overhead + rows x their longest), and uses every row once; None keeps one forward."""
+
+    def cost(chunks):
+        return sum(overhead + len(c) * max(lengths[i] for i in c) for c in chunks)
+
+    chunks = _padding_chunks(lengths, overhead)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    assert cost(chunks) == min(cost(p) for p in _partitions(list(range(len(lengths)))))
+    assert _padding_chunks(lengths, None) == [sorted(range(len(lengths)), key=lambda i: lengths[i])]
 
 
 def test_rows_joining_and_leaving_at_random_keep_exact_logprobs(model):

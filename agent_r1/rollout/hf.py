@@ -46,6 +46,9 @@ from agent_r1.types import Completion, SamplingParams, StopReason
 __all__ = ["HFEngine"]
 
 _IDLE_EXIT_S = 1.0  # the scheduler thread ends after this long without work (no thread outlives use)
+# A forward's fixed cost on CPU, in prompt tokens: a 1-row prefill of 29 tokens took ~4 ms of the tiny
+# model's time against ~0.09 ms per padded token slot in a 10-row one (the quickstart's rollout).
+_CPU_FORWARD_OVERHEAD_TOKENS = 64
 
 
 @dataclass(eq=False)
@@ -79,14 +82,15 @@ def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 class _GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` over a zero-initialised buffer with spare rows and spare columns both sides.
+    """A ``DynamicLayer`` over a buffer with spare rows and spare columns both sides.
 
     ``DynamicLayer`` appends with ``torch.cat``, copying the whole cache at every decode step; here a
     step writes one column in place and ``keys`` / ``values`` are views of the filled block
     ``[:rows, :, start:end]``. Spare columns on the right take decode steps (the buffer doubles when
     full); spare rows and spare columns on the left let joining rows, even ones longer than the batch,
-    be written in place (``append_rows``) instead of re-laying the whole cache. Unwritten slots stay
-    zero, so a masked slot never holds a non-finite value.
+    be written in place (``append_rows``) instead of re-laying the whole cache. Buffers are allocated
+    uninitialised (zeroing them cost a fifth of a multi-turn rollout's time); every slot is written
+    before the view covers it (padding with zeros), so a masked slot never holds a non-finite value.
     """
 
     def __init__(self) -> None:
@@ -100,8 +104,8 @@ class _GrowingLayer(DynamicLayer):
         ``left`` / ``right`` more positions."""
         batch, heads, length, _ = keys.shape
         rows, columns = max(rows, batch), left + length + right
-        self._key_buffer = keys.new_zeros(rows, heads, columns, keys.shape[-1])
-        self._value_buffer = values.new_zeros(rows, heads, columns, values.shape[-1])
+        self._key_buffer = keys.new_empty(rows, heads, columns, keys.shape[-1])
+        self._value_buffer = values.new_empty(rows, heads, columns, values.shape[-1])
         self._key_buffer[:batch, :, left : left + length] = keys
         self._value_buffer[:batch, :, left : left + length] = values
         self._rows, self._start, self._end = batch, left, left + length
@@ -136,13 +140,38 @@ class _GrowingLayer(DynamicLayer):
         """Add rows (n, H, L, D) right-aligned to the current end, widening the view to the left when
         ``L`` exceeds its width (the existing rows' new columns are zero: padding). Needs ``fits``."""
         n, length = keys.shape[0], keys.shape[-2]
-        self._start = min(self._start, self._end - length)
+        start = min(self._start, self._end - length)
         rows = slice(self._rows, self._rows + n)
         for buffer, new in ((self._key_buffer, keys), (self._value_buffer, values)):
-            buffer[rows, :, self._start : self._end - length] = 0
+            buffer[: self._rows, :, start : self._start] = 0  # the existing rows' new columns: padding
+            buffer[rows, :, start : self._end - length] = 0
             buffer[rows, :, self._end - length : self._end] = new
-        self._rows += n
+        self._rows, self._start = self._rows + n, start
         self._view()
+
+
+def _padding_chunks(lengths: Sequence[int], overhead: int | None) -> list[list[int]]:
+    """Split rows of ``lengths`` tokens into forwards that each pad to their longest row, minimising
+    the token slots run, counting each forward as ``overhead`` more (None: one forward for all).
+
+    The optimal split of the rows sorted by length into contiguous runs, by dynamic programming over
+    the sorted order (O(n^2), n distinct joining prompts)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if overhead is None or len(order) < 2:
+        return [order]
+    cost = [0.0] + [float("inf")] * len(order)  # cost[j]: the best split of the j shortest rows
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        longest = lengths[order[j - 1]]
+        for i in range(j):
+            candidate = cost[i] + overhead + (j - i) * longest
+            if candidate < cost[j]:
+                cost[j], cut[j] = candidate, i
+    chunks, j = [], len(order)
+    while j:
+        chunks.append(order[cut[j] : j])
+        j = cut[j]
+    return chunks[::-1]
 
 
 def _new_cache(num_layers: int) -> DynamicCache:
@@ -278,6 +307,7 @@ class HFEngine:
             self._default_eos_ids(model) if eos_token_ids is None else (int(t) for t in eos_token_ids)
         )
         self.weight_version: int | None = None
+        self._attn_implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
         forward_params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self.prefix_cache_entries = max_batch_size if prefix_cache_entries is None else prefix_cache_entries
@@ -429,6 +459,7 @@ class HFEngine:
             joining = [r for r in joining if not r.cancelled]
             try:
                 with self._model_lock, torch.inference_mode():
+                    self._drop_stale_prefixes()  # once per step: weights change only between steps
                     if joining:
                         self._prefill(joining)
                     if self._batch.requests:
@@ -445,41 +476,79 @@ class HFEngine:
             self._finish(request, StopReason.ABORT, error="HFEngine closed")
         self._batch, self._waiting = _Batch(), []
 
-    def _forward(self, input_ids_BT, mask_BT, position_ids_BT, cache) -> torch.Tensor:
+    def _forward(self, input_ids_BS, mask_BT, position_ids_BS, cache) -> torch.Tensor:
         out = self.model(
-            input_ids=input_ids_BT,
-            attention_mask=mask_BT,
-            position_ids=position_ids_BT,
+            input_ids=input_ids_BS,
+            attention_mask=self._attention_mask(mask_BT, input_ids_BS.shape[1]),
+            position_ids=position_ids_BS,
             use_cache=True,
             logits_to_keep=1,
             **{self._cache_kwarg: cache},
         )
         return out.logits[:, -1, :]  # (B, V)
 
+    def _attention_mask(self, mask_BT: torch.Tensor, queries: int) -> torch.Tensor:
+        """The mask to pass the model for ``queries`` new tokens (the last columns of ``mask_BT``).
+
+        Under ``sdpa`` and ``eager`` attention: the 4D additive float mask (B, 1, S, T), causal over
+        the new tokens, which transformers passes on as it is. It builds a boolean one from a 2D mask,
+        and on CPU ``scaled_dot_product_attention`` with a boolean mask over a padded batch took ~1.3x
+        as long as with a float one (measured at 128 rows x 600 positions). Other attention
+        implementations (flash) take the 2D mask.
+        """
+        if self._attn_implementation not in ("sdpa", "eager"):
+            return mask_BT
+        width = mask_BT.shape[1]
+        column_T = torch.arange(width, device=mask_BT.device)
+        query_S = torch.arange(width - queries, width, device=mask_BT.device)
+        allowed_BST = mask_BT.bool()[:, None, :] & (column_T[None, :] <= query_S[:, None])[None]
+        blocked = torch.finfo(self.model.dtype).min
+        return torch.zeros(allowed_BST.shape, dtype=self.model.dtype, device=mask_BT.device).masked_fill_(
+            ~allowed_BST, blocked
+        )[:, None]
+
     def _prefill(self, requests: list[_Request]) -> None:
         """Run the prompts of joining requests and sample their first tokens.
 
         Requests with identical prompts (the samples of a group) are prefilled once: their rows get
-        copies of its KV and logits, and each samples with its own generator. A prompt that extends a finished request's prompt + response reuses that KV (see
-        ``prefix_cache_entries``) and runs only its new suffix. Row ``i`` is laid out as
-        ``[pad, reused_i, pad, suffix_i]`` over ``(P + S)`` columns; the mask hides the padding and
-        ``position_ids`` continue from the reused length, so the result equals a full prefill.
+        copies of its KV and logits, and each samples with its own generator. A prompt that extends a
+        finished request's prompt + response reuses that KV (see ``prefix_cache_entries``) and runs
+        only its new suffix. On CPU the distinct prompts are prefilled in chunks of similar suffix
+        length (``_padding_chunks``): one forward pads every row to the longest suffix, and when one
+        turn rejoins with a long tool result beside many short ones, the padding cost more than a
+        second forward does.
         """
-        unique: list[_Request] = []
-        row_of: dict[tuple[int, ...], int] = {}  # prompt -> its row among the unique ones
+        by_prompt: dict[tuple[int, ...], list[_Request]] = {}
         for request in requests:
-            if request.prompt_ids not in row_of:
-                row_of[request.prompt_ids] = len(unique)
-                unique.append(request)
-        copy_of = [row_of[r.prompt_ids] for r in requests]
-        self.shared_prefills += len(requests) - len(unique)
-        reused = [self._take_prefix(r.prompt_ids) for r in unique]
+            by_prompt.setdefault(request.prompt_ids, []).append(request)
+        self.shared_prefills += len(requests) - len(by_prompt)
+        prompts = list(by_prompt)
+        stored = self._claim_prefixes(prompts)
+        suffix_lengths = [
+            len(p) - (0 if key is None else len(key)) for p, key in zip(prompts, stored, strict=True)
+        ]
+        overhead = _CPU_FORWARD_OVERHEAD_TOKENS if self.device.type == "cpu" else None
+        for chunk in _padding_chunks(suffix_lengths, overhead):
+            self._prefill_rows([prompts[i] for i in chunk], [stored[i] for i in chunk], by_prompt)
+
+    def _prefill_rows(self, prompts, stored, by_prompt: dict[tuple[int, ...], list[_Request]]) -> None:
+        """One forward over distinct ``prompts`` (each reusing the claimed stored sequence ``stored[i]``
+        or nothing), then rows for every request of each prompt, merged into the batch.
+
+        Row ``i`` is laid out as ``[pad, reused_i, pad, suffix_i]`` over ``(P + S)`` columns; the mask
+        hides the padding and ``position_ids`` continue from the reused length, so the result equals a
+        full prefill.
+        """
+        reused = [None if key is None else self._prefixes.pop(key) for key in stored]
+        self.prefix_hits += sum(kv is not None for kv in reused)
+        requests = [r for p in prompts for r in by_prompt[p]]
+        copy_of = [i for i, p in enumerate(prompts) for _ in by_prompt[p]]
         reused_lengths = [0 if kv is None else kv[0][0].shape[1] for kv in reused]
-        suffixes = [r.prompt_ids[n:] for r, n in zip(unique, reused_lengths, strict=True)]
+        suffixes = [p[n:] for p, n in zip(prompts, reused_lengths, strict=True)]
         past, length = max(reused_lengths), max(len(x) for x in suffixes)
-        ids_BS = torch.zeros(len(unique), length, dtype=torch.long)
-        mask_BT = torch.zeros(len(unique), past + length, dtype=torch.long)
-        position_ids_BS = torch.zeros(len(unique), length, dtype=torch.long)
+        ids_BS = torch.zeros(len(prompts), length, dtype=torch.long)
+        mask_BT = torch.zeros(len(prompts), past + length, dtype=torch.long)
+        position_ids_BS = torch.zeros(len(prompts), length, dtype=torch.long)
         for i, (n, suffix) in enumerate(zip(reused_lengths, suffixes, strict=True)):
             ids_BS[i, length - len(suffix) :] = torch.tensor(suffix)
             mask_BT[i, past - n : past] = 1
@@ -496,7 +565,7 @@ class HFEngine:
         logits_BV = self._forward(
             ids_BS.to(self.device), mask_BT.to(self.device), position_ids_BS.to(self.device), cache
         )
-        if len(unique) < len(requests):
+        if len(prompts) < len(requests):
             index = torch.tensor(copy_of, device=self.device)
             for layer in cache.layers:
                 layer.set(layer.keys[index], layer.values[index], right=layer.keys.shape[-2])
@@ -563,7 +632,6 @@ class HFEngine:
 
     def _keep_prefix(self, row: int, request: _Request) -> None:
         """Store a finished row's KV under the tokens it covers, for a next turn that extends it."""
-        self._drop_stale_prefixes()
         fed = request.prompt_ids + tuple(request.token_ids[:-1])
         columns = self._batch.mask_BT[row].bool()
         self._prefixes[fed] = [
@@ -574,22 +642,23 @@ class HFEngine:
         while len(self._prefixes) > self.prefix_cache_entries:
             self._prefixes.popitem(last=False)
 
-    def _take_prefix(self, prompt_ids: tuple[int, ...]):
-        """The stored KV of the longest stored sequence that ``prompt_ids`` strictly extends (removed
-        from the store: the new request will store its own longer one), or None."""
-        self._drop_stale_prefixes()
-        best = None
-        for fed in self._prefixes:
-            if (
-                len(fed) < len(prompt_ids)
-                and (best is None or len(fed) > len(best))
-                and prompt_ids[: len(fed)] == fed
-            ):
-                best = fed
-        if best is None:
-            return None
-        self.prefix_hits += 1
-        return self._prefixes.pop(best)
+    def _claim_prefixes(self, prompts: list[tuple[int, ...]]) -> list[tuple[int, ...] | None]:
+        """For each prompt, the longest stored sequence it strictly extends and no earlier prompt
+        claimed, or None. (``_prefill_rows`` pops the claimed entries: each new request stores its own
+        longer one.)"""
+        claimed: list[tuple[int, ...] | None] = []
+        for prompt_ids in prompts:
+            best = None
+            for fed in self._prefixes:
+                if (
+                    len(fed) < len(prompt_ids)
+                    and (best is None or len(fed) > len(best))
+                    and fed not in claimed
+                    and prompt_ids[: len(fed)] == fed
+                ):
+                    best = fed
+            claimed.append(best)
+        return claimed
 
     def _retire(self) -> None:
         """Finish the rows whose newest token ended them; keep the rest in the batch."""

@@ -93,6 +93,11 @@ def test_metrics_follow_the_run_directory_contract(trained):
         assert key in row, key
     # two appended turns merge into one sequence: fewer tokens than one row per step
     assert row["train/tokens"] < row["train/tokens_per_step_layout"]
+    # LowByteEnv terminates on its second turn = rollout.max_steps: nothing ran out of steps
+    assert row["rollout/step_limit_fraction"] == 0.0 and row["rollout/truncated_fraction"] == 0.0
+    assert row["throughput/sampled_tokens"] == pytest.approx(
+        row["throughput/tokens_per_s"] * row["time/step"]
+    )
     assert (run_dir / "config.yaml").is_file()
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (run_dir / "trajectories").iterdir()) == [
@@ -114,6 +119,22 @@ def test_trajectory_dumps_carry_the_viewer_keys(trained, tiny_tokenizer):
     assert step["info"]["prompt_text"] == tiny_tokenizer.decode(step["prompt_ids"])
     assert step["info"]["response_tokens"] == [tiny_tokenizer.decode([t]) for t in step["response_ids"]]
     assert isinstance(step["info"]["advantage"], float)
+
+
+def test_trajectories_cut_by_the_step_limit_are_counted(tiny_checkpoint, tmp_path):
+    """A flow limit below the env's two turns: every trajectory ends OK on a truncated last step, so
+    ``rollout/step_limit_fraction`` is 1 (``rollout/truncated_fraction`` counts context overflows)."""
+    config = _config(tiny_checkpoint, tmp_path, rollout={"n": 2, "max_steps": 1})
+    trainer = Trainer(config, train_tasks=tasks(2))
+    try:
+        groups = trainer.rollout(tasks(2), step=1)
+        metrics = trainer.rollout_metrics(groups)
+    finally:
+        trainer.close()
+    assert all(
+        t.status is TrajectoryStatus.OK and t.steps[-1].truncated for g in groups for t in g.trajectories
+    )
+    assert metrics["rollout/step_limit_fraction"] == 1.0 and metrics["rollout/truncated_fraction"] == 0.0
 
 
 def test_final_checkpoint_is_a_loadable_hugging_face_model(trained):

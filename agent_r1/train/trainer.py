@@ -431,6 +431,7 @@ class Trainer:
             self.run_dir.dump_trajectories(step, self.annotate(groups, batch, advantages))
         metrics.update(timer.seconds)
         sampled = sum(t.num_response_tokens for g in groups for t in g.trajectories)
+        metrics["throughput/sampled_tokens"] = float(sampled)
         metrics["throughput/tokens_per_s"] = sampled / max(timer.seconds["time/step"], 1e-9)
         return metrics
 
@@ -727,6 +728,13 @@ class Trainer:
             "steps_per_trajectory/mean": _mean([len(t.steps) for t in ok]),
             "rollout/error_fraction": 1 - len(ok) / max(len(trajectories), 1),
             "rollout/truncated_fraction": _mean([float(t.status is TrajectoryStatus.TRUNCATED) for t in ok]),
+            # status OK covers both endings; these ran out of steps (the env's or the flow's limit)
+            "rollout/step_limit_fraction": _mean(
+                [
+                    float(t.status is TrajectoryStatus.OK and bool(t.steps) and t.steps[-1].truncated)
+                    for t in ok
+                ]
+            ),
         }
         summaries = [sum(SUMMARY_STEP_KEY in s.info for s in t.steps) for t in ok]
         if any(summaries):  # trained summary steps (``summarize``), counted in steps_per_trajectory too

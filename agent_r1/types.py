@@ -166,11 +166,16 @@ class Observation:
     - ``token_ids``: the full next prompt, used as is (the environment controls the context exactly).
     - ``messages``: the full conversation; the flow renders it with the tokenizer's chat template.
     - ``text``: a raw text prompt; the flow tokenises it without a template.
+
+    ``state_key`` optionally names the state shown, whatever the prompt looks like: the flow copies it
+    to the ``Step.state_key`` of the step taken from it, so step-grouped baselines (``step_grpo``)
+    group steps from the same state even when their prompts differ (e.g. an appended history).
     """
 
     text: str | None = None
     messages: tuple[Message, ...] | None = None
     token_ids: tuple[int, ...] | None = None
+    state_key: str | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in ("text", "messages", "token_ids") if getattr(self, name) is not None]
@@ -178,17 +183,22 @@ class Observation:
             raise ValueError(
                 f"Observation needs exactly one of text, messages, token_ids; got {given or 'none'}"
             )
+        if self.state_key is not None and not isinstance(self.state_key, str):
+            raise TypeError(
+                f"Observation.state_key must be a str or None, got {type(self.state_key).__name__}"
+            )
         if self.messages is not None:
             object.__setattr__(self, "messages", tuple(dict(m) for m in self.messages))
         if self.token_ids is not None:
             object.__setattr__(self, "token_ids", _tuple_of_ints(self.token_ids))
 
     def to_dict(self) -> dict[str, Any]:
+        key = {} if self.state_key is None else {"state_key": self.state_key}
         if self.text is not None:
-            return {"text": self.text}
+            return {"text": self.text, **key}
         if self.messages is not None:
-            return {"messages": [dict(m) for m in self.messages]}
-        return {"token_ids": list(self.token_ids or ())}
+            return {"messages": [dict(m) for m in self.messages], **key}
+        return {"token_ids": list(self.token_ids or ()), **key}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Observation:

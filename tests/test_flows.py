@@ -97,6 +97,32 @@ def test_messages_are_rendered_with_the_template_and_text_is_encoded_as_written(
     assert trajectory.total_reward == 0.75 and trajectory.outcome_reward == 0.0
 
 
+class CounterEnv(AgentEnv):
+    """Appends every response to its prompt (so no two prompts are equal) and names the state it shows:
+    the count of responses so far."""
+
+    async def reset(self, task):
+        self.count, self.text = 0, task["prompt"]
+        return Observation(text=self.text, state_key="count 0")
+
+    async def step(self, action):
+        self.count, self.text = self.count + 1, self.text + action.text
+        if self.count == 2:
+            return StepResult(None, terminated=True, outcome_reward=1.0)
+        return StepResult(Observation(text=self.text, state_key=f"count {self.count}"))
+
+
+def test_an_observations_state_key_names_the_step_taken_from_it(tiny_tokenizer):
+    engine = ScriptedEngine(tiny_tokenizer, lambda prompt: "more")
+    trajectory = asyncio.run(AgentEnvLoop(CounterEnv, tiny_tokenizer, PARAMS).run(engine, {"prompt": "x"}))
+    assert [s.state_key for s in trajectory.steps] == ["count 0", "count 1"]
+    observation = Observation(text="x", state_key="count 1")
+    assert Observation.from_dict(observation.to_dict()) == observation
+    assert Observation.from_dict(Observation(text="x").to_dict()).state_key is None
+    with pytest.raises(TypeError, match="Observation.state_key must be a str or None, got int"):
+        Observation(text="x", state_key=3)
+
+
 def test_max_steps_marks_the_last_step_truncated(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, lambda prompt: "more")
     trajectory = asyncio.run(

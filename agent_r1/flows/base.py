@@ -291,6 +291,7 @@ class AgentEnvLoop(AgentFlow):
                         truncated=result.truncated,
                         stop_reason=completion.finish_reason,
                         response_text=text,
+                        state_key=observation.state_key,
                         policy_version=completion.policy_version or 0,
                         info=dict(result.info),
                         timings={"generate": generate_s, "env_step": env_step_s},

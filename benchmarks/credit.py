@@ -148,26 +148,54 @@ def summarise_credit(rows: list[tuple[str, float, bool]]) -> dict:
     return out
 
 
-def warm_start(args, out: Path):
+def warm_start(
+    args,
+    out: Path,
+    env_factory=gridwalk.GridWalkEnv,
+    demonstrate=gridwalk.demonstrate,
+    batch_size: int = 32,
+    per_demonstration: bool = False,
+):
     """The one SFT warm start every arm and seed starts from, saved to ``out`` (the critic loads its
-    body from ``model.path``)."""
+    body from ``model.path``): ``args.sft_demos`` demonstrations of ``demonstrate``, replayed through
+    ``env_factory()`` (``benchmarks/context.py`` passes its arm's env), ``args.sft_epochs`` epochs of
+    ``batch_size`` training sequences per optimizer step. With ``per_demonstration``, ``batch_size``
+    counts demonstrations instead: a step takes as many sequences as ``batch_size`` demonstrations
+    make on average, so envs whose layouts cut a demonstration into more sequences (a sliding
+    window, a summary) get the same number of optimizer steps."""
     model, tokenizer = build_tiny(seed=0)
     demos = replay_demonstrations(
-        gridwalk.GridWalkEnv,
+        env_factory,
         tokenizer,
         gridwalk.make_dataset(args.sft_demos, split="train", seed=1),
-        gridwalk.demonstrate,
+        demonstrate,
         seed=0,
     )
+    sequences = sft_sequences(demos)
+    if per_demonstration:
+        batch_size = max(1, round(batch_size * len(sequences) / len(demos)))
     losses = train_sft(
         model,
-        sft_sequences(demos),
-        SFTConfig(epochs=args.sft_epochs, batch_size=32, micro_batch_size=32, seed=0),
+        sequences,
+        SFTConfig(epochs=args.sft_epochs, batch_size=batch_size, micro_batch_size=batch_size, seed=0),
         pad_token_id=tokenizer.pad_token_id,
     )
     save_model(model, tokenizer, out)
     demo_success = statistics.fmean(t.outcome_reward for t in demos)
-    return model, tokenizer, {"demonstrator_success": demo_success, "sft_loss": [losses[0], losses[-1]]}
+    summary = {
+        "demonstrator_success": demo_success,
+        "sft_loss": [losses[0], losses[-1]],
+        "sft_steps": len(losses),
+        "sft_batch_sequences": batch_size,
+    }
+    return model, tokenizer, summary
+
+
+def own_step_loop(trainer: Trainer, tasks_per_step: int, seed: int, run_dir: Path) -> None:
+    """Set up ``trainer`` for a caller that runs ``train_step`` itself (to its own budget) instead of
+    ``Trainer.fit``: the task sampler and the run directory (dumped trajectories) that fit makes."""
+    trainer.sampler = TaskSampler(trainer.train_tasks, tasks_per_step, seed=seed, shuffle=True)
+    trainer.run_dir = RunDir(str(run_dir), trainer.config)
 
 
 def run_arm(arm: str, seed: int, warm, tokenizer, model_path: str, args, tmp: Path) -> dict:
@@ -183,8 +211,7 @@ def run_arm(arm: str, seed: int, warm, tokenizer, model_path: str, args, tmp: Pa
         val_tasks=gridwalk.make_dataset(split="test"),
     )
     # Trainer.fit runs a fixed number of steps; this is its loop with a token budget instead.
-    trainer.sampler = TaskSampler(trainer.train_tasks, args.tasks_per_step, seed=seed, shuffle=True)
-    trainer.run_dir = RunDir(str(run_dir), trainer.config)
+    own_step_loop(trainer, args.tasks_per_step, seed, run_dir)
     curve = [(0, trainer.evaluate()["eval/success"])]
     tokens, step, credit, started = 0, 0, [], time.perf_counter()
     try:

@@ -157,6 +157,28 @@ def test_credit_quick(tmp_path):
     assert (tmp_path / "credit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_context_quick(tmp_path):
+    """benchmarks/context.py at smoke sizes: every arm is warm-started on the same demonstrations,
+    runs at least one RL step in its wall-clock budget and is evaluated before and after; the
+    context policies show in the per-step costs (summary steps only under summarize, and each of
+    them checked against the demonstrator's summary of its request)."""
+    out = run_script("context.py", "--quick", "--out", str(tmp_path))
+    header = table_row(out, "arm")
+    assert header[1:6] == ["success warm", "warm min-max", "success RL", "RL min-max", "RL steps"], header
+    results = json.loads((tmp_path / "results.json").read_text())
+    demos = {arm: ws["demonstrator_success"] for arm, ws in results["warm_start"].items()}
+    assert len(set(demos.values())) == 1, demos  # one demonstrator, the same tasks and moves
+    for arm in ("append", "sliding_window", "summarize"):
+        row = table_row(out, arm)
+        assert all(is_number(cell) for cell in row[1:2] + row[3:4] + row[5:10]), row
+        (run,) = results["runs"][arm].values()
+        assert run["per_step"] and 0.0 <= run["before"] <= 1.0 and 0.0 <= run["after"] <= 1.0
+        assert run["wall_s"] >= results["settings"]["minutes"] * 60
+        summaries = sum(s["summaries"] for s in run["per_step"])
+        assert (summaries > 0) == (arm == "summarize"), (arm, summaries)
+        assert all(0 <= s["right_summaries"] <= s["summaries"] for s in run["per_step"])
+
+
 def test_async_quick():
     """benchmarks/async.py at smoke sizes, every arm on the long-tail task: the table has a number
     for every figure, ratios against the faster sync arm, and staleness only where runs overlap."""
@@ -227,6 +249,7 @@ def test_run_all_runs_every_script_in_order(tmp_path):
         "vs_trl_multiturn.py",
         "multiturn.py",
         "credit.py",
+        "context.py",
         "async.py",
         "serve_load.py",
     ]

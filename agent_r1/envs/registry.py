@@ -98,3 +98,4 @@ def load_entry_point(entry_point: str) -> Any:
 register_env("tool", "agent_r1.envs.tool_env:ToolEnv")
 register_env("agent_program", "agent_r1.envs.agent_program:AgentProgramEnv")
 register_env("gridwalk", "agent_r1.tasks.gridwalk:GridWalkEnv")
+register_env("gridwalk_memory", "agent_r1.tasks.gridwalk_memory:GridMemoryEnv")

@@ -56,6 +56,9 @@ async def replay_demonstration(
 ) -> Trajectory:
     """Play ``responses`` through ``env`` as the model's actions; return the episode as a Trajectory.
 
+    The env's own policy calls (``StepResult.policy_steps``, e.g. summaries written by a policy lent
+    to it with ``AgentEnv.lend_policy``) follow the step that caused them, as in ``AgentEnvLoop``.
+
     Raises ValueError (naming the task) when the episode ends before the last response or does not
     end after it: the demonstration does not fit the environment.
     """
@@ -81,6 +84,8 @@ async def replay_demonstration(
                     info=dict(result.info),
                 )
             )
+            # Calls the env made to the policy it was lent (a demonstrated summary) are demonstrated too.
+            steps.extend(result.policy_steps)
             if result.outcome_reward is not None:
                 outcome = float(result.outcome_reward)
             if "success" in result.info:

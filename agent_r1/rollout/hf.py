@@ -3,8 +3,9 @@
 Every ``generate`` call (one per live trajectory) becomes a request in a queue. One scheduler thread
 owns the model and loops:
 
-1. admit waiting requests (up to ``max_batch_size`` live rows): prefill them together, left-padded,
-   with explicit ``position_ids``, and merge their KV cache into the decode batch's;
+1. admit waiting requests (up to ``max_batch_size`` live rows): prefill them left-padded, with
+   explicit ``position_ids`` (together, or on CPU in a few forwards of similar lengths), and merge
+   their KV cache into the decode batch's;
 2. run one batched decode step for every live row and sample each row's next token with its own
    ``SamplingParams`` (and its own ``torch.Generator`` when seeded);
 3. retire rows that stopped (stop token / string, ``max_tokens``, context full, cancelled) and hand

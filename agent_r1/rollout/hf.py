@@ -491,22 +491,18 @@ class HFEngine:
     def _attention_mask(self, mask_BT: torch.Tensor, queries: int) -> torch.Tensor:
         """The mask to pass the model for ``queries`` new tokens (the last columns of ``mask_BT``).
 
-        Under ``sdpa`` and ``eager`` attention: the 4D additive float mask (B, 1, S, T), causal over
-        the new tokens, which transformers passes on as it is. It builds a boolean one from a 2D mask,
-        and on CPU ``scaled_dot_product_attention`` with a boolean mask over a padded batch took ~1.3x
-        as long as with a float one (measured at 128 rows x 600 positions). Other attention
-        implementations (flash) take the 2D mask.
+        A decode step (one query) under ``sdpa`` or ``eager`` attention gets the 4D additive float
+        mask (B, 1, 1, T), which transformers passes on as it is: from a 2D mask it builds a boolean
+        one, and on CPU ``scaled_dot_product_attention`` with a boolean mask over a padded batch took
+        ~1.3x as long as with a float one (measured at 128 rows x 600 positions). A prefill keeps
+        the 2D mask: its 4D mask is (B, 1, S, T), and a float one would be 4x the boolean's memory.
+        Other attention implementations (flash) take the 2D mask.
         """
-        if self._attn_implementation not in ("sdpa", "eager"):
+        if queries > 1 or self._attn_implementation not in ("sdpa", "eager"):
             return mask_BT
-        width = mask_BT.shape[1]
-        column_T = torch.arange(width, device=mask_BT.device)
-        query_S = torch.arange(width - queries, width, device=mask_BT.device)
-        allowed_BST = mask_BT.bool()[:, None, :] & (column_T[None, :] <= query_S[:, None])[None]
         blocked = torch.finfo(self.model.dtype).min
-        return torch.zeros(allowed_BST.shape, dtype=self.model.dtype, device=mask_BT.device).masked_fill_(
-            ~allowed_BST, blocked
-        )[:, None]
+        mask_B11T = torch.zeros(mask_BT.shape, dtype=self.model.dtype, device=mask_BT.device)
+        return mask_B11T.masked_fill_(mask_BT == 0, blocked)[:, None, None, :]
 
     def _prefill(self, requests: list[_Request]) -> None:
         """Run the prompts of joining requests and sample their first tokens.

@@ -13,8 +13,10 @@ everything else equal):
   ``--summary-keep`` are replaced by a summary the policy writes, trained as a step of its own
   (``StepResult.policy_steps``) with the episode's outcome credit (GRPO).
 
-Warm start, the same budget for every arm: one demonstrator (``gridwalk.demonstrate`` with
-``--error-rate``, 0 by default: always toward the goal, along a random useful axis), the same
+Warm start, the same budget for every arm: one demonstrator (``--demonstrator``: ``axis``, the
+default, ``gridwalk_memory.demonstrate_axis_by_axis``: one axis of the goal, then the other;
+``interleaved``, ``gridwalk.demonstrate`` without sidesteps: a random useful axis each move; both
+always toward the goal), the same
 ``--sft-demos`` tasks and moves, the same ``--sft-epochs`` and ``--sft-batch``, each demonstration
 rendered through the arm's own context policy; for ``summarize`` the demonstrator also writes every
 summary, correctly (the offset left, ``gridwalk_memory.demonstrated_summary``). The layouts differ
@@ -60,12 +62,21 @@ from credit import config_for, fmt, own_step_loop, sampled_tokens, warm_start
 from agent_r1.envs.context import SUMMARY_STEP_KEY
 from agent_r1.models.tiny import build_tiny_tokenizer
 from agent_r1.tasks import gridwalk
-from agent_r1.tasks.gridwalk_memory import GridMemoryEnv, demonstrated_summary, demonstrator_policy
+from agent_r1.tasks.gridwalk_memory import (
+    GridMemoryEnv,
+    demonstrate_axis_by_axis,
+    demonstrated_summary,
+    demonstrator_policy,
+)
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Trajectory, read_jsonl
 
 ARMS = ("append", "sliding_window", "summarize")
+DEMONSTRATORS = {
+    "axis": demonstrate_axis_by_axis,
+    "interleaved": functools.partial(gridwalk.demonstrate, error_rate=0.0),
+}
 MAX_TOKENS = 12  # the longest summary, "Goal 8E 8N", and its end-of-turn token, with room to spare
 
 
@@ -197,7 +208,11 @@ def main() -> None:
         "--sft-batch", type=int, default=8, help="warm-start demonstrations per optimizer step"
     )
     parser.add_argument(
-        "--error-rate", type=float, default=0.0, help="the demonstrator's sidestep rate (credit.py: 0.5)"
+        "--demonstrator",
+        choices=sorted(DEMONSTRATORS),
+        default="axis",
+        help="axis: one axis of the goal, then the other (default); interleaved: gridwalk's, "
+        "a random useful axis each move",
     )
     parser.add_argument("--eval-n", type=int, default=8, help="samples per held-out task (24 tasks)")
     parser.add_argument("--tasks-per-step", type=int, default=8)
@@ -226,7 +241,7 @@ def main() -> None:
                 args,
                 model_path,
                 ArmEnv(arm, args, demonstrator=True),
-                functools.partial(gridwalk.demonstrate, error_rate=args.error_rate),
+                DEMONSTRATORS[args.demonstrator],
                 batch_size=args.sft_batch,
                 per_demonstration=True,
             )

@@ -6,6 +6,7 @@ bad rows."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -220,3 +221,12 @@ def test_the_env_passes_check_env_and_is_registered_by_name():
     )
     env = env_factory(config, TOKENIZER)()
     assert isinstance(env, gm.GridMemoryEnv) and env.context.k == 2
+
+
+def test_the_axis_by_axis_demonstrator_finishes_one_axis_then_the_other():
+    rng = random.Random(0)
+    walks = [gm.demonstrate_axis_by_axis(TASK, rng) for _ in range(20)]
+    assert {tuple(w) for w in walks} == {("E",) * 3 + ("S",) * 2, ("S",) * 2 + ("E",) * 3}
+    assert gm.demonstrate_axis_by_axis({"id": "s", "dx": 0, "dy": 4, "budget": 6}, rng) == ["N"] * 4
+    trajectory = replay("sliding_window", moves=walks[0], k=2)
+    assert trajectory.outcome_reward == 1.0

@@ -34,6 +34,7 @@ arms differ only in their context. The context policy is the real one (``Context
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,6 +52,7 @@ __all__ = [
     "SUMMARY_INSTRUCTION",
     "SUMMARY_KWARGS",
     "GridMemoryEnv",
+    "demonstrate_axis_by_axis",
     "demonstrated_summary",
     "demonstrator_policy",
     "effect_text",
@@ -158,6 +160,23 @@ class GridMemoryEnv(AgentEnv):
             info={**info, "context": prompt.info},
             policy_steps=prompt.steps,
         )
+
+
+def demonstrate_axis_by_axis(task: Mapping[str, Any], rng: random.Random) -> list[str]:
+    """The moves of one demonstration: every move along one axis of the goal (picked at random),
+    then every move along the other; always toward the goal, so it succeeds on every task.
+
+    The rule to learn is short: the first move is a letter of the goal, each next move repeats the
+    last until the answer says ``0X left``, and then the other letter of the goal. Only that switch
+    needs the history (the goal, told in the opening turn), which is what the context policies keep
+    or lose: ``gridwalk.demonstrate``'s interleaved moves need a lookup of the latest mention of
+    each axis at every step, which the tiny model did not learn from a short warm start
+    (``benchmarks/README.md``, ``context.py``).
+    """
+    dx, dy, _ = task_offset(task)
+    horizontal = ["E" if dx > 0 else "W"] * abs(dx)
+    vertical = ["N" if dy > 0 else "S"] * abs(dy)
+    return horizontal + vertical if rng.random() < 0.5 else vertical + horizontal
 
 
 def demonstrated_summary(request_text: str) -> str:

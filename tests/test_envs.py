@@ -17,7 +17,7 @@ from agent_r1.envs import (
     make_env,
     register_env,
 )
-from agent_r1.envs.context import encode_text, render_messages
+from agent_r1.envs.context import encode_text, get_context_policy, render_messages
 from agent_r1.tools import tool
 from agent_r1.types import Action, Observation, StepResult, StopReason
 
@@ -325,6 +325,13 @@ def test_tool_env_bad_configuration_is_named_at_construction(tiny_tokenizer, tin
         ToolEnv(tiny_tokenizer, [lookup], format="xml")
     with pytest.raises(ValueError, match=r"unknown context policy 'all'.*append"):
         ToolEnv(tiny_tokenizer, [lookup], context="all")
+    with pytest.raises(
+        ValueError, match="ToolEnv: context_kwargs apply to a context policy given by name only"
+    ):
+        ToolEnv(
+            tiny_tokenizer, [lookup], context=get_context_policy("sliding_window"), context_kwargs={"k": 2}
+        )
+    assert ToolEnv(tiny_tokenizer, [lookup], context="sliding_window", context_kwargs={"k": 3}).context.k == 3
     with pytest.raises(TypeError, match="ToolSet takes Tool objects"):
         ToolEnv(tiny_tokenizer, ["lookup"])
     from agent_r1.models.loading import load_tokenizer

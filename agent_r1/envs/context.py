@@ -58,6 +58,7 @@ __all__ = [
     "get_context_policy",
     "register_context_policy",
     "render_messages",
+    "resolve_context_policy",
     "split_turns",
     "task_id",
     "task_messages",
@@ -204,6 +205,18 @@ def get_context_policy(name: str, **kwargs: Any) -> ContextPolicy:
     if name not in CONTEXT_POLICIES:
         raise ValueError(f"unknown context policy {name!r}; available: {sorted(CONTEXT_POLICIES)}")
     return CONTEXT_POLICIES[name](**kwargs)
+
+
+def resolve_context_policy(
+    context: str | ContextPolicy, context_kwargs: Mapping[str, Any] | None, owner: str
+) -> ContextPolicy:
+    """An env's ``context`` argument as a policy: a name is built with ``context_kwargs``; an
+    instance is used as is, and ``context_kwargs`` beside it is an error naming ``owner``."""
+    if isinstance(context, str):
+        return get_context_policy(context, **(context_kwargs or {}))
+    if context_kwargs:
+        raise ValueError(f"{owner}: context_kwargs apply to a context policy given by name only")
+    return context
 
 
 def _rendered_prompt(

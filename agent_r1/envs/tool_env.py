@@ -45,7 +45,7 @@ from agent_r1.envs.context import (
     ContextPolicy,
     ContextRequest,
     PreviousTurn,
-    get_context_policy,
+    resolve_context_policy,
     task_messages,
 )
 from agent_r1.models.loading import require_chat_template
@@ -129,12 +129,7 @@ class ToolEnv(AgentEnv):
         self.tokenizer = tokenizer
         self.tools = tools if isinstance(tools, ToolSet) else ToolSet(tools)
         self.format = get_format(format) if isinstance(format, str) else format
-        if isinstance(context, str):
-            self.context = get_context_policy(context, **(context_kwargs or {}))
-        elif context_kwargs:
-            raise ValueError("ToolEnv: context_kwargs apply to a context policy given by name only")
-        else:
-            self.context = context
+        self.context = resolve_context_policy(context, context_kwargs, "ToolEnv")
         self.outcome_reward = outcome_reward
         self.extract_answer = extract_answer or str.strip
         self.step_reward = step_reward

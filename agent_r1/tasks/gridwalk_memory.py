@@ -42,7 +42,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.base import AgentEnv, LentPolicy
-from agent_r1.envs.context import ContextPolicy, ContextRequest, PreviousTurn, get_context_policy
+from agent_r1.envs.context import ContextPolicy, ContextRequest, PreviousTurn, resolve_context_policy
 from agent_r1.models.loading import require_chat_template
 from agent_r1.tasks.gridwalk import MOVES, SYSTEM_PROMPT, observation_text, parse_move, task_offset
 from agent_r1.types import Action, Completion, Message, Observation, StepResult, StopReason
@@ -108,13 +108,9 @@ class GridMemoryEnv(AgentEnv):
     ) -> None:
         require_chat_template(tokenizer)
         self.tokenizer = tokenizer
-        if isinstance(context, str):
-            defaults = SUMMARY_KWARGS if context == "summarize" else {}
-            self.context = get_context_policy(context, **{**defaults, **(context_kwargs or {})})
-        elif context_kwargs:
-            raise ValueError("GridMemoryEnv: context_kwargs apply to a context policy given by name only")
-        else:
-            self.context = context
+        if context == "summarize":
+            context_kwargs = {**SUMMARY_KWARGS, **(context_kwargs or {})}
+        self.context = resolve_context_policy(context, context_kwargs, "GridMemoryEnv")
         self._messages: tuple[Message, ...] = ()
         self._prompt_ids: tuple[int, ...] = ()
 

@@ -57,7 +57,8 @@ import time
 from pathlib import Path
 
 import torch
-from credit import config_for, fmt, own_step_loop, sampled_tokens, warm_start
+from credit import config_for, fmt, sampled_tokens, warm_start
+from multiturn import own_step_loop
 
 from agent_r1.envs.context import SUMMARY_STEP_KEY
 from agent_r1.models.tiny import build_tiny_tokenizer
@@ -134,7 +135,7 @@ def run_arm(arm: str, seed: int, warm, tokenizer, model_path: str, args, tmp: Pa
         train_tasks=gridwalk.make_dataset(4000, split="train", seed=seed),
         val_tasks=gridwalk.make_dataset(split="test"),
     )
-    own_step_loop(trainer, args.tasks_per_step, seed, run_dir)
+    own_step_loop(trainer, run_dir)
     per_step: list[dict] = []
     try:
         before = trainer.evaluate()["eval/success"]

@@ -48,13 +48,12 @@ import time
 from pathlib import Path
 
 import torch
+from multiturn import own_step_loop
 
 from agent_r1.models.loading import save_model
 from agent_r1.models.tiny import build_tiny
 from agent_r1.tasks import gridwalk
 from agent_r1.train.config import config_from_dict
-from agent_r1.train.data import TaskSampler
-from agent_r1.train.run_dir import RunDir
 from agent_r1.train.sft import SFTConfig, replay_demonstrations, sft_sequences, train_sft
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import read_jsonl
@@ -191,13 +190,6 @@ def warm_start(
     return model, tokenizer, summary
 
 
-def own_step_loop(trainer: Trainer, tasks_per_step: int, seed: int, run_dir: Path) -> None:
-    """Set up ``trainer`` for a caller that runs ``train_step`` itself (to its own budget) instead of
-    ``Trainer.fit``: the task sampler and the run directory (dumped trajectories) that fit makes."""
-    trainer.sampler = TaskSampler(trainer.train_tasks, tasks_per_step, seed=seed, shuffle=True)
-    trainer.run_dir = RunDir(str(run_dir), trainer.config)
-
-
 def run_arm(arm: str, seed: int, warm, tokenizer, model_path: str, args, tmp: Path) -> dict:
     """Held-out success at every ``--eval-every`` tokens until ``--token-budget`` tokens are sampled."""
     run_dir = tmp / f"{arm}-{seed}"
@@ -211,7 +203,7 @@ def run_arm(arm: str, seed: int, warm, tokenizer, model_path: str, args, tmp: Pa
         val_tasks=gridwalk.make_dataset(split="test"),
     )
     # Trainer.fit runs a fixed number of steps; this is its loop with a token budget instead.
-    own_step_loop(trainer, args.tasks_per_step, seed, run_dir)
+    own_step_loop(trainer, run_dir)  # the config's tasks_per_step and seed are the arm's
     curve = [(0, trainer.evaluate()["eval/success"])]
     tokens, step, credit, started = 0, 0, [], time.perf_counter()
     try:

@@ -50,15 +50,22 @@ CONTEXTS = ("append", "rerender")
 PHASES = ("rollout", "score", "reference", "update", "sync")
 
 
+def own_step_loop(trainer: Trainer, run_dir: Path) -> None:
+    """Set up ``trainer`` for a caller that runs ``train_step`` itself (to its own budget) instead of
+    ``Trainer.fit``: the task sampler and the run directory (dumped trajectories) that fit makes."""
+    cfg = trainer.config.trainer
+    trainer.sampler = TaskSampler(trainer.train_tasks, cfg.tasks_per_step, seed=cfg.seed, shuffle=True)
+    trainer.run_dir = RunDir(str(run_dir), trainer.config)
+
+
 def train_for(trainer: Trainer, seconds: float, run_dir: Path) -> list[dict]:
     """Training steps until ``seconds`` of wall clock are spent; returns each step's metrics.
 
     ``Trainer.fit`` runs a fixed number of steps; this is its loop with a clock instead (the same
     task sampler and run directory, no checkpoints, evaluation left to the caller).
     """
+    own_step_loop(trainer, run_dir)
     cfg = trainer.config.trainer
-    trainer.sampler = TaskSampler(trainer.train_tasks, cfg.tasks_per_step, seed=cfg.seed, shuffle=True)
-    trainer.run_dir = RunDir(str(run_dir), trainer.config)
     rows = []
     started = time.perf_counter()
     try:

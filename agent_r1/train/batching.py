@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
+from agent_r1.train import segment_attention
+from agent_r1.train.segment_attention import Segment, SegmentAttention, plan_segments
 from agent_r1.types import Step, Trajectory
 
 __all__ = [
@@ -329,13 +331,16 @@ class MicroBatch:
 
     ``input_ids_BT`` / ``position_ids_BT``: B rows of T tokens, each row several sequences (or prefix
     tries) side by side with positions restarting at 0 for each; a row's padding is one more such
-    segment, never scored. ``attention_BTT``: None when every tree is a plain sequence (Hugging Face
-    then masks attention block-diagonally from the position ids); otherwise which token attends to
-    which (True = attends), the block-diagonal causal mask extended to tries (``TreeLayout``).
+    segment, never scored. ``visible_until_BT``: None when every tree is a plain sequence (Hugging Face
+    then masks attention block-diagonally from the position ids); otherwise each token's visibility
+    range (``TreeLayout``), from which ``attention_BTT`` is the block-diagonal causal mask extended
+    to tries.
     ``logit_index_K``: for each scored token, the index into the flattened (B*T) positions whose
     logits predict it (the token before it in its own sequence, wherever its trie holds it).
     ``target_ids_K``: the scored tokens. ``flat_index_K``: their indices in the batch's flat token
-    order.
+    order. ``segments``: the same attention as a plan over the rows' segments (each sequence, or each
+    tree member's own tokens after what it shares), which SDPA models run at the cost of the
+    segments instead of (row width)^2 (``agent_r1.train.segment_attention``).
     """
 
     input_ids_BT: torch.Tensor  # (B, T)
@@ -343,11 +348,24 @@ class MicroBatch:
     logit_index_K: torch.Tensor  # (K,) into the flattened (B*T)
     target_ids_K: torch.Tensor  # (K,)
     flat_index_K: torch.Tensor  # (K,)
-    attention_BTT: torch.Tensor | None = None  # (B, T, T) bool, only when a row holds a shared prefix
+    visible_until_BT: torch.Tensor | None = None  # (B, T), only when a row holds a shared prefix
+    segments: SegmentAttention | None = None  # the same attention, segment by segment
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids_BT.numel())
+
+    @property
+    def attention_BTT(self) -> torch.Tensor | None:
+        """(B, T, T) bool, None when every tree is a plain sequence: query q attends to key k when k
+        is at or before q and q lies in k's visibility range (the rest of k's segment and the segments
+        of the members that share it), the causal mask of each member over the ancestors' tokens it
+        shares and its own. Built on demand: (B, T, T) is large, and SDPA runs ``segments`` instead."""
+        if self.visible_until_BT is None:
+            return None
+        index_T = torch.arange(self.visible_until_BT.shape[1])
+        causal_TT = index_T[:, None] >= index_T[None, :]
+        return causal_TT & (index_T[None, :, None] < self.visible_until_BT[:, None, :])
 
 
 def make_micro_batches(
@@ -402,6 +420,7 @@ def _micro_batch(
 ) -> MicroBatch:
     input_ids, positions, visible_until = [], [], []
     logit_index, targets, flat = [], [], []
+    segments: list[Segment] = []
     for r, packed in enumerate(packed_rows):
         row_ids, row_positions, row_until = [], [], []
         start = 0  # where the tree starts in the row
@@ -410,7 +429,12 @@ def _micro_batch(
             row_ids.append(layout.token_ids_L)
             row_positions.append(layout.position_ids_L)
             row_until.append(layout.visible_until_L + start)
-            for member, index in zip(tree.members, layout.member_index, strict=True):
+            for member, branch, index in zip(tree.members, tree.branch_at, layout.member_index, strict=True):
+                if len(member) > branch:  # a member equal to a prefix of the previous adds no tokens
+                    flat_index = r * width + start + index
+                    segments.append(
+                        Segment(int(flat_index[branch]), len(member) - branch, flat_index[:branch])
+                    )
                 for span in member.spans:
                     # the logits at the member's tokens before each response token, wherever the
                     # trie holds them
@@ -429,15 +453,7 @@ def _micro_batch(
         input_ids.append(torch.cat(row_ids))
         positions.append(torch.cat(row_positions))
         visible_until.append(torch.cat(row_until))
-    attention_BTT = None
-    if any(len(tree.members) > 1 for packed in packed_rows for tree in packed):
-        # Query q attends to key k when k is at or before q and q lies in k's visibility range (the
-        # rest of k's segment and the segments of the members that share it): the causal mask of
-        # each member, over the ancestors' tokens it shares and its own.
-        visible_until_BT = torch.stack(visible_until)
-        index_T = torch.arange(width)
-        causal_TT = index_T[:, None] >= index_T[None, :]
-        attention_BTT = causal_TT & (index_T[None, :, None] < visible_until_BT[:, None, :])
+    shared = any(len(tree.members) > 1 for packed in packed_rows for tree in packed)
     empty = torch.zeros(0, dtype=torch.long)
     return MicroBatch(
         input_ids_BT=torch.stack(input_ids),
@@ -445,5 +461,8 @@ def _micro_batch(
         logit_index_K=torch.cat(logit_index) if logit_index else empty,
         target_ids_K=torch.cat(targets) if targets else empty,
         flat_index_K=torch.cat(flat) if flat else empty,
-        attention_BTT=attention_BTT,
+        visible_until_BT=torch.stack(visible_until) if shared else None,
+        segments=plan_segments(
+            segments, len(packed_rows) * width, chunk_queries=segment_attention.CHUNK_QUERIES
+        ),
     )

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agent_r1.train import segment_attention
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import ModelConfig, TrainerConfig
 from agent_r1.train.lm_head import scored_logprobs
@@ -100,10 +101,14 @@ def attention_implementation(model) -> str:
 def model_inputs(model, micro_batch: MicroBatch) -> dict[str, Tensor]:
     """The keyword inputs of a Hugging Face forward over ``micro_batch`` on ``model``'s device.
 
-    Without a tree mask, packed sequences are masked by Hugging Face from the restarting position ids.
-    A prefix-tree mask goes in as a 4D mask, which Hugging Face passes to the kernel as given: boolean
-    for SDPA, additive (0 or the dtype's minimum) for the eager kernel. Kernels that take no custom
-    mask (flash-attention) cannot run trees (``Trainer`` then builds none).
+    Under SDPA on the CPU the micro-batch's attention runs segment by segment (``segment_attention``: each
+    sequence, or each prefix-tree member's own tokens over what it shares), passed as the
+    ``segment_attention`` keyword that Hugging Face hands to the attention function; the placeholder
+    4D mask only stops Hugging Face from building a mask nobody reads. Otherwise, without a tree,
+    packed sequences are masked by Hugging Face from the restarting position ids, and a prefix-tree
+    mask goes in as a 4D mask, which Hugging Face passes to the kernel as given (additive, 0 or the
+    dtype's minimum, for the eager kernel). Kernels that take no custom mask (flash-attention) cannot
+    run trees (``Trainer`` then builds none).
     """
     parameter = next(model.parameters())
     inputs = {
@@ -111,8 +116,12 @@ def model_inputs(model, micro_batch: MicroBatch) -> dict[str, Tensor]:
         "position_ids": micro_batch.position_ids_BT.to(parameter.device),
         "use_cache": False,  # a cache disables Hugging Face's packed-sequence masking
     }
-    if micro_batch.attention_BTT is not None:
-        kernel = attention_implementation(model)
+    kernel = attention_implementation(model)
+    if micro_batch.segments is not None and segment_attention.applies(kernel, parameter.device):
+        segment_attention.install()
+        inputs["segment_attention"] = micro_batch.segments.to(parameter.device)
+        inputs["attention_mask"] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=parameter.device)
+    elif micro_batch.attention_BTT is not None:
         if kernel not in MASKABLE_KERNELS:
             raise ValueError(
                 f"attention kernel {kernel!r} takes no custom mask, so it cannot run prefix trees: "

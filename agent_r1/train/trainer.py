@@ -64,6 +64,7 @@ from agent_r1.envs.agent_program import gateway_metrics
 from agent_r1.envs.context import SUMMARY_STEP_KEY
 from agent_r1.envs.tool_env import tool_count_metrics
 from agent_r1.flows.base import AgentFlow
+from agent_r1.train import segment_attention
 from agent_r1.train.backends import local_learner, local_rollout
 from agent_r1.train.batching import (
     MicroBatch,
@@ -97,16 +98,21 @@ __all__ = ["Trainer", "evaluate", "evaluation_metrics", "score_groups", "train",
 logger = logging.getLogger(__name__)
 
 
-def prefix_pair_cost(config: TrainConfig, model_config) -> float | None:
+def prefix_pair_cost(config: TrainConfig, model_config, device: torch.device | str = "cpu") -> float | None:
     """The attention weight of the prefix-tree cost model for this policy (``batching``), or None
-    where prefix trees are off (``trainer.share_prefixes``) or the attention kernel takes no mask."""
+    where prefix trees are off (``trainer.share_prefixes``) or the attention kernel takes no mask.
+
+    Where the learner (on ``device``) runs attention segment by segment (``segment_attention``: SDPA
+    on the CPU), a tree member attends to what it shares at the cost it would pay alone: joining a
+    tree then only saves tokens, so the weight is 0 (every shared prefix is shared). Elsewhere the
+    dense tree mask runs, whose attention costs (row width)^2."""
     if not config.trainer.share_prefixes:
         return None
     kernel = config.model.attn_implementation or getattr(model_config, "_attn_implementation", None) or "sdpa"
     if kernel not in MASKABLE_KERNELS:
         logger.info("prefix trees off: attention kernel %r takes no custom mask", kernel)
         return None
-    return attention_pair_cost(model_config)
+    return 0.0 if segment_attention.applies(kernel, device) else attention_pair_cost(model_config)
 
 
 RewardFn = Callable[[Trajectory, Task], float]
@@ -284,6 +290,7 @@ class Trainer:
             from agent_r1.distributed.backends import ray_backends
 
             model_config = AutoConfig.from_pretrained(config.model.path)
+            learner_device = "cuda" if config.distributed.learner_num_gpus > 0 else "cpu"
             self.rollouts, self.learner = ray_backends(config, runtime_env)
         else:
             check_attention(config)
@@ -295,6 +302,7 @@ class Trainer:
                 model = load_policy(config.model).to(device)
             self.model = model
             model_config = model.config
+            learner_device = next(model.parameters()).device
             self.rollouts = local_rollout(
                 config,
                 self.tokenizer,
@@ -314,7 +322,7 @@ class Trainer:
             if given_model and self.rollouts.owns_engine and not self.rollouts.shares_model:
                 # An engine that loaded model.path (vLLM) must start from the policy passed in.
                 self.rollouts.update_weights(self.learner.weights(), 0)
-        self.pair_cost = prefix_pair_cost(config, model_config)
+        self.pair_cost = prefix_pair_cost(config, model_config, learner_device)
         self.policy_version = 0
         self.engine_version = 0  # the policy version the rollout backend samples with
         self.step = 0

@@ -58,11 +58,12 @@ def own_step_loop(trainer: Trainer, run_dir: Path) -> None:
     trainer.run_dir = RunDir(str(run_dir), trainer.config)
 
 
-def train_for(trainer: Trainer, seconds: float, run_dir: Path) -> list[dict]:
+def train_for(trainer: Trainer, seconds: float, run_dir: Path, after_step=None) -> list[dict]:
     """Training steps until ``seconds`` of wall clock are spent; returns each step's metrics.
 
     ``Trainer.fit`` runs a fixed number of steps; this is its loop with a clock instead (the same
-    task sampler and run directory, no checkpoints, evaluation left to the caller).
+    task sampler and run directory, no checkpoints, evaluation left to the caller). ``after_step(step)``
+    runs after each step, outside nothing but the budget.
     """
     own_step_loop(trainer, run_dir)
     cfg = trainer.config.trainer
@@ -76,6 +77,8 @@ def train_for(trainer: Trainer, seconds: float, run_dir: Path) -> list[dict]:
             metrics = trainer.train_step(step)
             trainer.run_dir.log(step, metrics)
             rows.append(metrics)
+            if after_step is not None:
+                after_step(step)
     finally:
         trainer.run_dir.close()
     return rows

@@ -210,9 +210,17 @@ def run_agent_r1(model, tokenizer, tasks: list[dict], args, run_dir: Path, overr
         env_factory=functools.partial(arithmetic.make_env, tokenizer, max_turns=config.rollout.max_steps),
         train_tasks=tasks,
     )
+    # The weights after every iteration (a ~1M-parameter model: cheap), so that held-out success can
+    # also be measured after as many iterations as the other framework ran.
+    snapshots = []
     try:
         clock = clock_steps(trainer)
-        rows = train_for(trainer, args.minutes * 60, run_dir)
+        rows = train_for(
+            trainer,
+            args.minutes * 60,
+            run_dir,
+            lambda step: snapshots.append({k: v.clone() for k, v in trainer.model.state_dict().items()}),
+        )
         clock.mark()
     finally:
         trainer.close()
@@ -227,6 +235,7 @@ def run_agent_r1(model, tokenizer, tasks: list[dict], args, run_dir: Path, overr
         "success": [r["success/mean"] for r in rows],
         "sampled": [r["throughput/tokens_per_s"] * r["time/step"] for r in rows],
         "model": trainer.model,
+        "snapshots": snapshots,
         "loop": f"{turns:.2f} turns, {mean('tools/calls_per_step') * turns:.2f} calls and "
         f"{mean('tools/parse_errors_per_step') * turns:.3f} parse errors (each answered, episode goes on) "
         f"per rollout; "
@@ -347,6 +356,15 @@ def main() -> None:
             length=f"{args.minutes:g} min",
             progress=progress,
         )
+        trl = results.get("TRL GRPOTrainer")
+        for r in results.values():
+            # At equal wall clock the faster framework also runs more iterations: held-out success
+            # after TRL's number of iterations separates speed from what the extra ones did.
+            snapshots = r.pop("snapshots", None)
+            if trl and snapshots and len(snapshots) >= len(trl["gaps"]):
+                model = copy.deepcopy(warm)
+                model.load_state_dict(snapshots[len(trl["gaps"]) - 1])
+                r["heldout_at_trl_iterations"] = heldout_success(model)
 
     print(machine_line(with_trl=not args.skip_trl))
     print(
@@ -383,6 +401,13 @@ def main() -> None:
     print(markdown_table(header, rows))
     for name, r in results.items():
         print(f"{name} tool loop: {r['loop']}; {r['total']:.0f} s in all")
+        print(f"{name} train success per iteration: " + " ".join(f"{x:.3f}" for x in r["success"]))
+    for name, r in results.items():
+        if "heldout_at_trl_iterations" in r:
+            n = len(base["gaps"])
+            print(
+                f"{name} held-out success after {n} iterations (TRL's count): {r['heldout_at_trl_iterations']:.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -274,7 +274,8 @@ class TrainerConfig:
     share_prefixes: bool = _opt(
         True,
         "Compute a prefix shared by several training sequences (a group's prompt) once, as a prefix "
-        "tree with a tree attention mask, where the cost model says it pays; needs an attention kernel "
+        "tree: on the CPU under sdpa every shared prefix, attention run segment by segment; elsewhere "
+        "with a tree attention mask, where the cost model says it pays. Needs an attention kernel "
         "that takes a custom mask (sdpa, eager), so it is off under flash-attention.",
     )
     lr: float = _opt(1e-6, "Peak learning rate (AdamW).", _positive)

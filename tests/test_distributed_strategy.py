@@ -156,11 +156,11 @@ def _script(update, export, logprobs, save=None, load=None) -> dict:
     return out
 
 
-def _rank_main(rank: int, port: int, checkpoint: str, out_dir: str) -> None:
+def _rank_main(rank: int, ports: list[int], checkpoint: str, out_dir: str) -> None:
     results = {}
     for index, (case, (strategy, lora_rank)) in enumerate(CASES.items()):
         worker = LearnerWorker(_config(checkpoint, strategy, lora_rank), rank, WORLD)
-        worker.setup("127.0.0.1", port + index)
+        worker.setup("127.0.0.1", ports[index])
         steps = record_optimizer_steps(worker.learner, worker.learner.model)  # on every rank (FSDP2)
         checkpoints = str(Path(out_dir) / case)
 
@@ -207,18 +207,25 @@ def _rank_main(rank: int, port: int, checkpoint: str, out_dir: str) -> None:
         torch.save(results, Path(out_dir) / "results.pt")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free right now (bound together, then released). Consecutive ports after
+    one free port are not: an earlier test's Ray workers may hold one (EADDRINUSE in the full suite)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 @pytest.fixture(scope="module")
 def group_results(tiny_checkpoint, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("strategy")
-    port = _free_port()  # the cases use port .. port + 3
+    ports = _free_ports(len(CASES))  # one process group per case
     mp.start_processes(
-        _rank_main, args=(port, str(tiny_checkpoint), str(out_dir)), nprocs=WORLD, start_method="spawn"
+        _rank_main, args=(ports, str(tiny_checkpoint), str(out_dir)), nprocs=WORLD, start_method="spawn"
     )
     return torch.load(out_dir / "results.pt", weights_only=False)
 

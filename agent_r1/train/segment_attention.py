@@ -4,7 +4,7 @@ A packed row (``agent_r1.train.batching``) holds several sequences side by side,
 members each add a segment after the tokens they share. Run with one mask over the row, attention
 costs (row width)^2 query-key pairs whatever the mask allows: a kernel given an arbitrary mask computes
 every pair and discards the masked ones. On the quickstart's multi-turn batches a tree spans a whole
-GRPO group (a 183-token prompt and eight ~200-token branches: rows of ~1,900 tokens), so ~90% of the
+GRPO group (a 183-token prompt and eight ~200-token branches: rows of ~1,900 tokens), so ~85% of the
 pairs computed were masked.
 
 Here every segment is its own attention problem instead: its queries attend to the tokens it shares

@@ -4,7 +4,8 @@
   samplers report (``agent_r1.types``); masking logits on one side only would break the PPO ratio.
 - A micro-batch is packed rows (``agent_r1.train.batching``) run with ``position_ids`` restarting
   per sequence and no attention mask, which Hugging Face turns into a block-diagonal causal mask; a
-  micro-batch holding prefix trees brings its own 4D mask (``model_inputs``).
+  micro-batch holding prefix trees brings its own 4D mask. Under SDPA on the CPU both run segment by
+  segment instead (``agent_r1.train.segment_attention``; ``model_inputs``).
 - Updates accumulate gradients over micro-batches with *global* per-token weights (see
   ``agent_r1.algos.aggregation``), so the loss of a mini-batch does not depend on how it was cut into
   micro-batches. A non-finite loss or gradient norm skips the optimizer step (counted in the metrics);

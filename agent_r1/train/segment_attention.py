@@ -53,7 +53,8 @@ CHUNK_QUERIES = 64
 """Queries per chunk of a long segment (``plan_segments``): a segment's own tokens attend causally,
 so of its own query-key pairs a kernel given a mask computes twice what is used; in chunks that
 waste is one chunk's. Smaller chunks gather more keys (each chunk its own copy of what it sees).
-64 was the fastest of 64, 128, 256 and unchunked on the quickstart's multi-turn batches (2-core CPU)."""
+64 was the fastest of 32, 64, 128, 256 and unchunked on the quickstart's multi-turn batches
+(2-core CPU)."""
 
 
 def applies(kernel: str, device: torch.device | str) -> bool:
@@ -97,11 +98,6 @@ class SegmentAttention:
 
     buckets: tuple[SegmentBucket, ...]
     output_index_BT: Tensor  # (B*T,) long
-
-    @property
-    def num_pairs(self) -> int:
-        """Query-key pairs the plan computes (per head and layer), padding included."""
-        return sum(int(b.mask_N1SK[:, 0].numel()) for b in self.buckets)
 
     def to(self, device: torch.device | str) -> SegmentAttention:
         buckets = tuple(

@@ -18,6 +18,7 @@ from agent_r1.envs import (
     register_env,
 )
 from agent_r1.envs.context import encode_text, get_context_policy, render_messages
+from agent_r1.envs.tool_env import CUT_OFF_ERROR
 from agent_r1.tools import tool
 from agent_r1.types import Action, Observation, StepResult, StopReason
 
@@ -286,6 +287,32 @@ def test_tool_env_cut_mid_call_max_turns_and_step_reward(tiny_tokenizer):
     assert last.info["truncated"] == "max_turns=2 reached" and last.info["success"] is False
 
 
+@pytest.mark.parametrize("max_errors_shown", [1, 2, None])
+def test_tool_env_shows_a_bounded_number_of_parse_errors(tiny_tokenizer, max_errors_shown):
+    # The degenerate response seen in training: <tool_call> repeated until the token limit. Each
+    # repetition is a parse error; the model reads at most max_errors_shown of them and a count.
+    env = make_tool_env(tiny_tokenizer, max_errors_shown=max_errors_shown)
+    text = call("lookup", word="cat") + "<tool_call>" * 6
+
+    async def episode():
+        await env.reset(TASK)
+        return await env.step(act(tiny_tokenizer, text, eos=False, reason=StopReason.LENGTH))
+
+    step = asyncio.run(episode())
+    parse_errors = [f"<tool_call> #{k} is not closed" for k in range(2, 8)]
+    assert step.info["tool_counts"]["parse_errors"] == 6 and step.info["tool_counts"]["calls"] == 1
+    assert [e[: len(p)] for e, p in zip(step.info["tool_errors"], parse_errors)] == parse_errors  # all kept
+    assert step.info["tool_errors"][6] == CUT_OFF_ERROR
+    prompt = tiny_tokenizer.decode(list(step.observation.token_ids))
+    responses = prompt.split("<|im_start|>assistant\n")[-2].split("<tool_response>\n")[1:]
+    shown = 6 if max_errors_shown is None else max_errors_shown
+    expected = ["a small feline " + "." * 50] + [f"Error: {e}" for e in step.info["tool_errors"][:shown]]
+    if shown < 6:
+        expected.append(f"Error: {6 - shown} more errors in this response not shown")
+    expected.append(f"Error: {CUT_OFF_ERROR}")
+    assert [r.split("\n</tool_response>")[0] for r in responses] == expected
+
+
 def test_tool_env_custom_answer_extraction_and_scorer(tiny_tokenizer):
     import re
 
@@ -334,6 +361,9 @@ def test_tool_env_bad_configuration_is_named_at_construction(tiny_tokenizer, tin
     assert ToolEnv(tiny_tokenizer, [lookup], context="sliding_window", context_kwargs={"k": 3}).context.k == 3
     with pytest.raises(TypeError, match="ToolSet takes Tool objects"):
         ToolEnv(tiny_tokenizer, ["lookup"])
+    for bad in (0, True):
+        with pytest.raises(ValueError, match=f"ToolEnv: max_errors_shown must be >= 1 or None, got {bad}"):
+            ToolEnv(tiny_tokenizer, [lookup], max_errors_shown=bad)
     from agent_r1.models.loading import load_tokenizer
 
     bare = load_tokenizer(tiny_checkpoint)

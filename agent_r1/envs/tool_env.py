@@ -8,7 +8,10 @@ One step = one model response (Agent-R1, arXiv 2511.14460: the action is the who
    context policy builds the next prompt (a policy that asks the model for a summary returns that
    call, which becomes a step of its own: ``StepResult.policy_steps``). A malformed call is never
    taken as the final answer.
-   A response cut by ``max_tokens`` inside a call gets an extra error saying so.
+   A response cut by ``max_tokens`` inside a call gets an extra error saying so. The model reads at
+   most ``max_errors_shown`` parse errors per response, then one line saying how many more there were:
+   a policy that falls into repeating ``<tool_call>`` thirty times would otherwise get thirty error
+   messages back, and every later prompt of the episode would carry them (``info`` keeps them all).
    A near miss — no call in the format's syntax, but plainly one in a spelling it does not accept
    (``<TOOL_CALL>``, the call JSON in a code fence, ``action:`` in lower case; see the format's
    ``near_miss``) — is, with ``near_miss="hint"`` (the default), one error that shows the correct form.
@@ -101,6 +104,8 @@ class ToolEnv(AgentEnv):
             not accept gets an error observation showing the correct form, so a model learning the
             format is told; ``"strict"``: it is the final answer (the format's rules alone). Counted
             in ``info["tool_counts"]`` in both modes.
+        max_errors_shown: parse errors the model reads per response (>= 1); the rest are one message
+            that says how many were not shown. ``None``: every error.
     """
 
     def __init__(
@@ -120,12 +125,15 @@ class ToolEnv(AgentEnv):
         prompt_key: str = "prompt",
         success_threshold: float = 1.0,
         near_miss: Literal["hint", "strict"] = "hint",
+        max_errors_shown: int | None = 1,
     ) -> None:
         require_chat_template(tokenizer)
         if max_turns < 1:
             raise ValueError(f"ToolEnv: max_turns must be >= 1, got {max_turns}")
         if near_miss not in NEAR_MISS_MODES:
             raise ValueError(f"ToolEnv: near_miss must be one of {NEAR_MISS_MODES}, got {near_miss!r}")
+        if max_errors_shown is not None and (isinstance(max_errors_shown, bool) or max_errors_shown < 1):
+            raise ValueError(f"ToolEnv: max_errors_shown must be >= 1 or None, got {max_errors_shown!r}")
         self.tokenizer = tokenizer
         self.tools = tools if isinstance(tools, ToolSet) else ToolSet(tools)
         self.format = get_format(format) if isinstance(format, str) else format
@@ -139,6 +147,7 @@ class ToolEnv(AgentEnv):
         self.prompt_key = prompt_key
         self.success_threshold = success_threshold
         self.near_miss = near_miss
+        self.max_errors_shown = max_errors_shown
         self._task: Task | None = None
         self._messages: tuple[Message, ...] = ()
         self._prompt_ids: tuple[int, ...] = ()
@@ -224,14 +233,13 @@ class ToolEnv(AgentEnv):
             )
 
         errors = list(parsed.errors)
-        if action.finish_reason is StopReason.LENGTH and parsed.errors:
-            errors.append(CUT_OFF_ERROR)
+        cut_off = [CUT_OFF_ERROR] if action.finish_reason is StopReason.LENGTH and parsed.errors else []
         results = await self.tools.execute(parsed.calls, self.max_tool_output_chars)
         info["tool_counts"]["tool_errors"] = sum(r.is_error for r in results)
         info.update(
             tool_calls=[{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
             tool_results=[r.content for r in results],
-            tool_errors=errors + [r.content for r in results if r.is_error],
+            tool_errors=errors + cut_off + [r.content for r in results if r.is_error],
         )
         reward = self._step_reward(parsed, results, task)
         if self._turn >= self.max_turns:
@@ -239,7 +247,7 @@ class ToolEnv(AgentEnv):
             return StepResult(observation=None, reward=reward, truncated=True, info=info)
 
         previous = PreviousTurn(self._prompt_ids, action.token_ids, num_messages=len(self._messages))
-        observation_messages = self.format.observation_messages(results, errors)
+        observation_messages = self.format.observation_messages(results, self._shown(errors) + cut_off)
         request = ContextRequest(
             (*self._messages, assistant, *observation_messages), self._tool_schemas(), previous, self.policy
         )
@@ -252,6 +260,14 @@ class ToolEnv(AgentEnv):
             info=info,
             policy_steps=prompt.steps,
         )
+
+    def _shown(self, errors: list[str]) -> list[str]:
+        """The parse errors the model reads: the first ``max_errors_shown``, then how many were left out."""
+        limit = self.max_errors_shown
+        if limit is None or len(errors) <= limit:
+            return errors
+        hidden = len(errors) - limit
+        return [*errors[:limit], f"{hidden} more error{'s' if hidden > 1 else ''} in this response not shown"]
 
     def _step_reward(self, parsed: ParsedResponse, results: Sequence[ToolResult], task: Task) -> float:
         return 0.0 if self.step_reward is None else float(self.step_reward(parsed, results, task))

@@ -90,6 +90,25 @@ def test_eager_attention_gets_the_same_logprobs(tiny_checkpoint):
         assert c.error is None and gap < 1e-4, float(gap)
 
 
+def test_a_lora_wrapped_policy_decodes_without_deprecation_warnings(tiny_checkpoint):
+    """The engine shares a peft-wrapped policy in LoRA runs; its cache goes in by the keyword the
+    wrapped model takes (transformers 5 warns on every forward given ``past_key_values``), and the
+    log-probs still match the wrapped model's own."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32)
+    lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    lora.eval()
+    engine = HFEngine(lora)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        done = asyncio.run(engine.generate(prompt(12), SamplingParams(temperature=1.0, max_tokens=8, seed=4)))
+    gap = (learner_logprobs(lora, prompt(12), done, 1.0) - torch.tensor(done.logprobs)).abs().max()
+    assert done.error is None and done.token_ids and gap < 1e-4, float(gap)
+
+
 def test_next_turn_reuses_the_previous_turns_kv_exactly(model):
     """Multi-turn trajectories (prompt + response + new user tokens): later turns run only their new
     tokens on the stored KV, mixed in one batch with rows that reuse nothing, and their log-probs

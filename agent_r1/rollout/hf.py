@@ -309,7 +309,9 @@ class HFEngine:
         )
         self.weight_version: int | None = None
         self._attn_implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
-        forward_params = inspect.signature(model.forward).parameters
+        # a peft wrapper's forward takes **kwargs and passes them on: ask the model it wraps
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        forward_params = inspect.signature(base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self.prefix_cache_entries = max_batch_size if prefix_cache_entries is None else prefix_cache_entries
         self.prefix_hits = 0

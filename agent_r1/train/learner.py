@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -75,16 +76,19 @@ def load_policy(config: ModelConfig, *, path: str | None = None):
     if config.lora.rank > 0:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=config.lora.rank,
-                lora_alpha=config.lora.alpha,
-                lora_dropout=config.lora.dropout,
-                target_modules=list(config.lora.target_modules),
-                task_type="CAUSAL_LM",
-            ),
-        )
+        with warnings.catch_warnings():
+            # peft reads transformers' deprecated alias; the warning is theirs, printed on every run
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=config.lora.rank,
+                    lora_alpha=config.lora.alpha,
+                    lora_dropout=config.lora.dropout,
+                    target_modules=list(config.lora.target_modules),
+                    task_type="CAUSAL_LM",
+                ),
+            )
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.lora.rank > 0:

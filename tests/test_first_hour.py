@@ -74,6 +74,23 @@ def test_a_step_below_the_threshold_restarts_the_streak_and_a_step_without_group
     assert message.startswith("step 5: 9 of 10 groups had zero reward variance, and at least 90% did for 2")
 
 
+@pytest.mark.parametrize(
+    "success_mean, cause",
+    [
+        (None, "Most likely the model never succeeds"),
+        (0.0, "The model almost never succeeds (success/mean 0)"),
+        (0.95, "Nearly every sample succeeds (success/mean 0.95): the model has learned these tasks"),
+    ],
+)
+def test_the_warning_names_the_cause_the_success_rate_points_to(success_mean, cause) -> None:
+    # A run that has learned its tasks (seen in benchmarks/real_model.py at step 18, reward/mean 1)
+    # must not be told to warm-start its model.
+    watch = ZeroVarianceWatch(threshold=0.9, patience=1)
+    message = watch.observe(7, 4, 4, None if success_mean is None else success_mean, success_mean)
+    assert cause in message and message.endswith("Look at a few trajectories: agent-r1 view RUN_DIR.")
+    assert ("agent_r1.train.sft" in message) == (success_mean is None or success_mean < 0.5)
+
+
 def test_the_watch_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match=r"threshold must be in \(0, 1\], got 0"):
         ZeroVarianceWatch(threshold=0)

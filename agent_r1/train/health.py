@@ -151,10 +151,11 @@ class ZeroVarianceWatch:
     A group whose samples all earn the same reward has zero advantage under a group baseline (GRPO,
     RLOO, ...; DAPO's ``dynamic_filter`` drops it), so a run where that is true of nearly every group
     trains on nothing. The usual cause is a policy that never succeeds (a randomly initialised or too
-    weak model, no warm start), sometimes one that always does (tasks too easy).
+    weak model, no warm start), sometimes one that always does (tasks too easy, or learned).
 
-    Feed it every training step: ``observe(step, zero_variance_groups, groups, reward_mean)`` with the
-    step's ``filter/zero_variance_groups``, the number of groups rolled out and ``reward/mean``. It
+    Feed it every training step: ``observe(step, zero_variance_groups, groups, reward_mean,
+    success_mean)`` with the step's ``filter/zero_variance_groups``, the number of groups rolled out,
+    ``reward/mean`` and ``success/mean`` (which of the two causes the warning names). It
     returns the warning text once, at the ``patience``-th consecutive step on which at least
     ``threshold`` of the groups had zero variance, and None otherwise. A step without groups (every
     trajectory ended in ERROR: the error budget's business) neither counts nor breaks the streak.
@@ -172,7 +173,12 @@ class ZeroVarianceWatch:
             raise ValueError(f"ZeroVarianceWatch.patience must be >= 1, got {self.patience}")
 
     def observe(
-        self, step: int, zero_variance_groups: float, groups: int, reward_mean: float | None = None
+        self,
+        step: int,
+        zero_variance_groups: float,
+        groups: int,
+        reward_mean: float | None = None,
+        success_mean: float | None = None,
     ) -> str | None:
         if groups <= 0:
             return None
@@ -184,11 +190,26 @@ class ZeroVarianceWatch:
             return None
         self.warned = True
         reward = "" if reward_mean is None else f" (reward/mean {reward_mean:.3g})"
-        return (
+        head = (
             f"step {step}: {zero_variance_groups:g} of {groups} groups had zero reward variance{reward}, "
             f"and at least {self.threshold:.0%} did for {self.streak} steps in a row: every sample of a "
             "task earns the same reward, so its advantages are zero and the policy is not learning. "
-            "Most likely the model never succeeds (a randomly initialised or too weak model): warm-start "
-            "it on demonstrations first (agent_r1.train.sft, see docs/tutorial.md, 'Warm start'); if it "
-            "always succeeds, the tasks are too easy. Look at a few trajectories: agent-r1 view RUN_DIR."
+        )
+        look = " Look at a few trajectories: agent-r1 view RUN_DIR."
+        warm_start = (
+            "warm-start it on demonstrations first (agent_r1.train.sft, see docs/tutorial.md, 'Warm start')"
+        )
+        if success_mean is None:
+            return (
+                f"{head}Most likely the model never succeeds (a randomly initialised or too weak model): "
+                f"{warm_start}; if it always succeeds, the tasks are too easy.{look}"
+            )
+        if success_mean >= 0.5:  # the zero-variance groups are then mostly all-success ones
+            return (
+                f"{head}Nearly every sample succeeds (success/mean {success_mean:.3g}): the model has learned "
+                f"these tasks, so further steps train on little; give it harder tasks, or stop here.{look}"
+            )
+        return (
+            f"{head}The model almost never succeeds (success/mean {success_mean:.3g}): a randomly "
+            f"initialised or too weak model; {warm_start}, or give it easier tasks.{look}"
         )

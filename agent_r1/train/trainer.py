@@ -413,7 +413,11 @@ class Trainer:
             metrics = {**self.rollout_metrics(groups), **filter_metrics, **self.staleness_metrics(groups)}
             self.check_health(groups, step)
             warning = self.zero_variance.observe(
-                step, filter_metrics["filter/zero_variance_groups"], len(tasks), metrics.get("reward/mean")
+                step,
+                filter_metrics["filter/zero_variance_groups"],
+                len(tasks),
+                metrics.get("reward/mean"),
+                metrics.get("success/mean"),
             )
             if warning:
                 logger.warning(warning)

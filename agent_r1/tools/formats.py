@@ -404,6 +404,7 @@ _REACT_VARIANT_RE = re.compile(
     re.IGNORECASE | re.MULTILINE,
 )
 _DECORATION = " \t*_`"
+_NAME_DECORATION = " \t*`"  # "_" is a name character ("get_", "_private"), not decoration there
 
 
 @register_format
@@ -493,7 +494,7 @@ class ReActFormat(ToolCallFormat):
         ``{"name", "arguments"}``, or as LangChain's ``{"action", "action_input"}`` blob)."""
         lines = list(_REACT_VARIANT_RE.finditer(text))
         for action, action_input in zip(lines, lines[1:], strict=False):
-            name = action.group("rest").strip(_DECORATION)
+            name = action.group("rest").strip(_NAME_DECORATION)
             if (
                 "input" in action.group("keyword").lower()
                 or "input" not in action_input.group("keyword").lower()

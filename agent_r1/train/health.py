@@ -155,7 +155,8 @@ class ZeroVarianceWatch:
 
     Feed it every training step: ``observe(step, zero_variance_groups, groups, reward_mean,
     success_mean)`` with the step's ``filter/zero_variance_groups``, the number of groups rolled out,
-    ``reward/mean`` and ``success/mean`` (which of the two causes the warning names). It
+    ``reward/mean`` and ``success/mean`` (which cause the warning names: a model that never succeeds, one
+    that has learned the tasks, or tasks each always or never solved). It
     returns the warning text once, at the ``patience``-th consecutive step on which at least
     ``threshold`` of the groups had zero variance, and None otherwise. A step without groups (every
     trajectory ended in ERROR: the error budget's business) neither counts nor breaks the streak.
@@ -204,12 +205,19 @@ class ZeroVarianceWatch:
                 f"{head}Most likely the model never succeeds (a randomly initialised or too weak model): "
                 f"{warm_start}; if it always succeeds, the tasks are too easy.{look}"
             )
-        if success_mean >= 0.5:  # the zero-variance groups are then mostly all-success ones
+        success = f"(success/mean {success_mean:.3g})"
+        if success_mean >= 0.9:
             return (
-                f"{head}Nearly every sample succeeds (success/mean {success_mean:.3g}): the model has learned "
-                f"these tasks, so further steps train on little; give it harder tasks, or stop here.{look}"
+                f"{head}Nearly every sample succeeds {success}: the model has learned these tasks, so "
+                f"further steps train on little; give it harder tasks, or stop here.{look}"
+            )
+        if success_mean <= 0.1:
+            return (
+                f"{head}The model almost never succeeds {success}: a randomly initialised or too weak "
+                f"model; {warm_start}, or give it easier tasks.{look}"
             )
         return (
-            f"{head}The model almost never succeeds (success/mean {success_mean:.3g}): a randomly "
-            f"initialised or too weak model; {warm_start}, or give it easier tasks.{look}"
+            f"{head}Some tasks are always solved and the others never {success}: each task's samples "
+            "agree, so sampling does not explore; a higher temperature or a larger group (rollout.n) "
+            f"lets a group disagree, tasks nearer the model's threshold do too.{look}"
         )

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 __all__ = [
     "ModelNotFoundError",
     "NoChatTemplateError",
+    "enable_checkpointing",
     "load_frozen_model",
     "load_tokenizer",
     "model_not_found_as_error",
@@ -37,6 +38,16 @@ def quiet_progress_bars() -> Iterator[None]:
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
+
+
+def enable_checkpointing(model) -> None:
+    """Recompute activations in the backward pass, non-reentrant; by transformers 5's name for it
+    where it has one (the old one warns on every run), else by the old one."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def save_model(model, tokenizer: PreTrainedTokenizerBase | None, path: str | Path) -> Path:

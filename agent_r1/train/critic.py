@@ -50,14 +50,14 @@ def load_critic(config: ModelConfig) -> ValueModel:
     """A value model initialised from ``config.path`` (fp32 head; body in ``config.dtype``)."""
     from transformers import AutoModel
 
-    from agent_r1.models.loading import quiet_progress_bars
+    from agent_r1.models.loading import enable_checkpointing, quiet_progress_bars
     from agent_r1.train.learner import DTYPES
 
     kernel = {"attn_implementation": config.attn_implementation} if config.attn_implementation else {}
     with quiet_progress_bars():
         body = AutoModel.from_pretrained(config.path, dtype=DTYPES[config.dtype], **kernel)
     if config.gradient_checkpointing:
-        body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(body)
     return ValueModel(body, body.config.hidden_size).eval()
 
 

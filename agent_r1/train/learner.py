@@ -66,7 +66,7 @@ def load_policy(config: ModelConfig, *, path: str | None = None):
     and gradient checkpointing (on the CPU: the caller moves it to ``model.device``)."""
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.models.loading import model_not_found_as_error, quiet_progress_bars
+    from agent_r1.models.loading import enable_checkpointing, model_not_found_as_error, quiet_progress_bars
 
     kernel = {"attn_implementation": config.attn_implementation} if config.attn_implementation else {}
     with model_not_found_as_error(path or config.path, None if path else "model.path"), quiet_progress_bars():
@@ -90,7 +90,7 @@ def load_policy(config: ModelConfig, *, path: str | None = None):
                 ),
             )
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
         if config.lora.rank > 0:
             model.enable_input_require_grads()
     model.eval()

@@ -40,6 +40,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
+from agent_r1.rollout import cascade
 from agent_r1.rollout.base import NamedTensors
 from agent_r1.rollout.sampling import sample_next_tokens
 from agent_r1.types import Completion, SamplingParams, StopReason
@@ -134,20 +135,21 @@ class _GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def fits(self, rows: int, length: int) -> bool:
-        """Whether ``append_rows`` can take ``rows`` rows of ``length`` positions in place."""
+        """Whether ``put_rows`` can add ``rows`` rows of ``length`` positions in place."""
         return self._rows + rows <= self._key_buffer.shape[0] and length <= self._end
 
-    def append_rows(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Add rows (n, H, L, D) right-aligned to the current end, widening the view to the left when
-        ``L`` exceeds its width (the existing rows' new columns are zero: padding). Needs ``fits``."""
-        n, length = keys.shape[0], keys.shape[-2]
+    def put_rows(self, slots: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write rows (n, H, L, D) into row ``slots`` (finished rows', or the next new ones), right-aligned
+        to the current end, widening the view to the left when ``L`` exceeds its width (the other rows'
+        new columns are zero: padding). New rows need ``fits``."""
+        length = keys.shape[-2]
         start = min(self._start, self._end - length)
-        rows = slice(self._rows, self._rows + n)
+        index = torch.tensor(slots, device=self._key_buffer.device)
         for buffer, new in ((self._key_buffer, keys), (self._value_buffer, values)):
             buffer[: self._rows, :, start : self._start] = 0  # the existing rows' new columns: padding
-            buffer[rows, :, start : self._end - length] = 0
-            buffer[rows, :, self._end - length : self._end] = new
-        self._rows, self._start = self._rows + n, start
+            buffer[index, :, start : self._end - length] = 0
+            buffer[index, :, self._end - length : self._end] = new
+        self._rows, self._start = max(self._rows, max(slots) + 1), start
         self._view()
 
 
@@ -175,6 +177,15 @@ def _padding_chunks(lengths: Sequence[int], overhead: int | None) -> list[list[i
     return chunks[::-1]
 
 
+@dataclass(frozen=True)
+class _Stored:
+    """A finished sequence's KV kept for a next turn: the block it extends (or None) and its own
+    tokens' keys and values per layer, each (H, T, D)."""
+
+    block: cascade.Block | None
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+
 def _new_cache(num_layers: int) -> DynamicCache:
     cache = DynamicCache()
     cache.layers = [_GrowingLayer() for _ in range(num_layers)]
@@ -182,12 +193,15 @@ def _new_cache(num_layers: int) -> DynamicCache:
 
 
 class _Batch:
-    """The decode batch: a left-padded KV cache of B rows, its mask (B, T), and ``rows[i]``, the
-    request in cache row ``i``, or None once that request finished.
+    """The decode batch: a left-padded KV cache of B rows, its mask (B, T), ``rows[i]``, the
+    request in cache row ``i``, or None once that request finished, and ``blocks[i]``, the shared
+    prompt block row ``i`` extends (its cache then holds only the tokens after it), or None.
 
-    A finished row stays in the cache (its decode output is ignored) until finished rows make up half
-    the batch or new requests join: either way the live rows are copied once into a fresh cache, so
-    a copy happens O(log B) times per wave of finishing rows instead of at every retirement.
+    A finished row stays in the cache (its decode output is ignored) until a joining request takes its
+    slot, or until finished rows make up half the batch: then the live rows are copied once into a
+    fresh cache, so a copy happens O(log B) times per wave of finishing rows instead of at every
+    retirement. (Multi-turn trajectories rejoin once per turn: filling finished rows' slots, their
+    turns no longer run the buffers out of rows, which re-laid the whole cache.)
     """
 
     def __init__(self) -> None:
@@ -195,8 +209,28 @@ class _Batch:
 
     def clear(self) -> None:
         self.rows: list[_Request | None] = []
+        self.blocks: list[cascade.Block | None] = []
         self.cache: DynamicCache | None = None
         self.mask_BT: torch.Tensor | None = None
+        self._block_plan: cascade.BlockPlan | None = None
+        self._planned = False
+
+    def block_plan(self, stacks, dtype: torch.dtype) -> cascade.BlockPlan | None:
+        """The decode steps' blocks, rebuilt only after the rows changed."""
+        if not self._planned:
+            self._block_plan, self._planned = cascade.block_plan(self.blocks, stacks, dtype), True
+        return self._block_plan
+
+    def window(self) -> cascade.Window | None:
+        """This decode step's split of the rows' own keys (``cascade.choose_window``)."""
+        width = self.mask_BT.shape[1]
+        first = self.mask_BT.argmax(dim=1).tolist()  # each row's first real column
+        spans = [0 if r is None else width - f for r, f in zip(self.rows, first, strict=True)]
+        chosen = cascade.choose_window(spans)
+        if chosen is None:
+            return None
+        recent, rows = chosen
+        return cascade.Window(recent, max(spans), torch.tensor(rows, device=self.mask_BT.device))
 
     @property
     def requests(self) -> list[_Request]:
@@ -207,19 +241,28 @@ class _Batch:
     def live_rows(self) -> list[int]:
         return [i for i, r in enumerate(self.rows) if r is not None]
 
-    def merge(self, requests: list[_Request], cache: DynamicCache, mask_BT: torch.Tensor) -> None:
-        """Append newly prefilled rows (their own cache and mask): in place when the buffers have room,
-        else by re-laying the live rows and the new ones into a fresh cache (finished rows dropped)."""
+    def merge(self, requests: list[_Request], cache: DynamicCache, mask_BT: torch.Tensor, blocks) -> None:
+        """Append newly prefilled rows (their own cache and mask, and the blocks they extend): in place
+        when the buffers have room, else by re-laying the live rows and the new ones into a fresh cache
+        (finished rows dropped)."""
+        self._planned = False
         if self.cache is None:
-            self.rows, self.cache, self.mask_BT = list(requests), cache, mask_BT
+            self.rows, self.cache, self.mask_BT, self.blocks = list(requests), cache, mask_BT, list(blocks)
             return
         rows, length = mask_BT.shape
-        if self.cache.layers[0].fits(rows, length):
+        free = [i for i, r in enumerate(self.rows) if r is None][:rows]
+        slots = free + list(range(len(self.rows), len(self.rows) + rows - len(free)))
+        if self.cache.layers[0].fits(rows - len(free), length):
             for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-                mine.append_rows(theirs.keys, theirs.values)
+                mine.put_rows(slots, theirs.keys, theirs.values)
             width = max(self.mask_BT.shape[1], length)
-            self.mask_BT = torch.cat([_left_pad(self.mask_BT, width, 1), _left_pad(mask_BT, width, 1)])
-            self.rows += requests
+            grown = _left_pad(self.mask_BT, width, 1)
+            self.mask_BT = torch.cat([grown, grown.new_zeros(rows - len(free), width)])
+            self.mask_BT[torch.tensor(slots, device=grown.device)] = _left_pad(mask_BT, width, 1)
+            self.rows += [None] * (rows - len(free))
+            self.blocks += [None] * (rows - len(free))
+            for slot, request, block in zip(slots, requests, blocks, strict=True):
+                self.rows[slot], self.blocks[slot] = request, block
             return
         live = self.live_rows
         index = torch.tensor(live, device=self.mask_BT.device)
@@ -238,11 +281,13 @@ class _Batch:
             )
         self.mask_BT = torch.cat([_left_pad(mine_mask_BT, width, 1), _left_pad(mask_BT, width, 1)])
         self.rows = [self.rows[i] for i in live] + list(requests)
+        self.blocks = [self.blocks[i] for i in live] + list(blocks)
 
     def retire(self, rows: list[int]) -> None:
         """Mark ``rows`` finished; compact the cache once finished rows are half of it or more."""
         for i in rows:
-            self.rows[i] = None
+            self.rows[i] = self.blocks[i] = None
+        self._planned = self._planned and not rows
         live = self.live_rows
         if not live:
             self.clear()
@@ -259,6 +304,7 @@ class _Batch:
                     right=width,
                 )
             self.rows = [self.rows[i] for i in live]
+            self.blocks = [self.blocks[i] for i in live]
 
     def _trimmed_mask(self, index: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The mask of rows ``index`` without the columns that are padding in all of them, and the
@@ -279,7 +325,10 @@ class HFEngine:
     limit (default: ``config.max_position_embeddings``). ``prefix_cache_entries``: how many finished
     sequences keep their KV for a next turn that extends them (default ``max_batch_size``; 0: off).
     ``prefix_hits`` counts prompts that reused one; ``shared_prefills`` counts prompts that joined
-    together with an identical one and were prefilled once for both.
+    together with an identical one and were prefilled once for both. ``cascade_attention``: hold
+    such a shared prompt's KV once for all its rows, and attend to it, to the batch's recent columns
+    and to the few long rows' older ones apart (``agent_r1.rollout.cascade``; default: on for
+    ``sdpa`` models with plain attention in every layer).
     """
 
     def __init__(
@@ -293,6 +342,7 @@ class HFEngine:
         eos_token_ids: Sequence[int] | None = None,
         max_context: int | None = None,
         prefix_cache_entries: int | None = None,
+        cascade_attention: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
@@ -314,10 +364,21 @@ class HFEngine:
         forward_params = inspect.signature(base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self.prefix_cache_entries = max_batch_size if prefix_cache_entries is None else prefix_cache_entries
+        can_share = self._attn_implementation == "sdpa" and cascade.plain_attention(model.config)
+        if cascade_attention and not can_share:
+            raise ValueError(
+                f"HFEngine: cascade_attention needs sdpa attention with plain softmax in every layer; this model "
+                f"has attn_implementation={self._attn_implementation!r} (a sliding window, soft-capping or "
+                "sinks are not supported either)"
+            )
+        self.cascade_attention = can_share if cascade_attention is None else cascade_attention
+        if self.cascade_attention:
+            cascade.install()
+        self._stacks = cascade._Stacks()
         self.prefix_hits = 0
         self.shared_prefills = 0
-        # token ids fed so far (prompt + response[:-1]) -> per-layer (keys, values), each (H, T, D)
-        self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        # token ids fed so far (prompt + response[:-1]) -> their block and own KV
+        self._prefixes: OrderedDict[tuple[int, ...], _Stored] = OrderedDict()
         self._prefixes_fingerprint = self._weights_fingerprint()
         self._batch = _Batch()
         self._waiting: list[_Request] = []
@@ -479,7 +540,7 @@ class HFEngine:
             self._finish(request, StopReason.ABORT, error="HFEngine closed")
         self._batch, self._waiting = _Batch(), []
 
-    def _forward(self, input_ids_BS, mask_BT, position_ids_BS, cache) -> torch.Tensor:
+    def _forward(self, input_ids_BS, mask_BT, position_ids_BS, cache, plan=None) -> torch.Tensor:
         out = self.model(
             input_ids=input_ids_BS,
             attention_mask=self._attention_mask(mask_BT, input_ids_BS.shape[1]),
@@ -487,6 +548,7 @@ class HFEngine:
             use_cache=True,
             logits_to_keep=1,
             **{self._cache_kwarg: cache},
+            **({} if plan is None else {"cascade": plan}),
         )
         return out.logits[:, -1, :]  # (B, V)
 
@@ -534,43 +596,75 @@ class HFEngine:
         """One forward over distinct ``prompts`` (each reusing the claimed stored sequence ``stored[i]``
         or nothing), then rows for every request of each prompt, merged into the batch.
 
-        Row ``i`` is laid out as ``[pad, reused_i, pad, suffix_i]`` over ``(P + S)`` columns; the mask
-        hides the padding and ``position_ids`` continue from the reused length, so the result equals a
-        full prefill.
+        Row ``i`` is laid out as ``[pad, reused_i, pad, suffix_i]`` over ``(P + S)`` columns, where
+        ``reused_i`` is the stored sequence's own KV (its block, if it has one, is attended apart); the
+        mask hides the padding and ``position_ids`` continue from the reused length, so the result
+        equals a full prefill. With ``cascade_attention``, a prompt that several requests share becomes
+        a block: all its tokens but the last leave the rows' cache for one shared copy.
         """
         reused = [None if key is None else self._prefixes.pop(key) for key in stored]
-        self.prefix_hits += sum(kv is not None for kv in reused)
+        self.prefix_hits += sum(entry is not None for entry in reused)
         requests = [r for p in prompts for r in by_prompt[p]]
         copy_of = [i for i, p in enumerate(prompts) for _ in by_prompt[p]]
-        reused_lengths = [0 if kv is None else kv[0][0].shape[1] for kv in reused]
+        blocks = [None if entry is None else entry.block for entry in reused]
+        own_lengths = [0 if entry is None else entry.kv[0][0].shape[1] for entry in reused]
+        reused_lengths = [
+            n + (0 if b is None else b.length) for n, b in zip(own_lengths, blocks, strict=True)
+        ]
         suffixes = [p[n:] for p, n in zip(prompts, reused_lengths, strict=True)]
-        past, length = max(reused_lengths), max(len(x) for x in suffixes)
+        past, length = max(own_lengths), max(len(x) for x in suffixes)
         ids_BS = torch.zeros(len(prompts), length, dtype=torch.long)
         mask_BT = torch.zeros(len(prompts), past + length, dtype=torch.long)
         position_ids_BS = torch.zeros(len(prompts), length, dtype=torch.long)
-        for i, (n, suffix) in enumerate(zip(reused_lengths, suffixes, strict=True)):
+        for i, (own, n, suffix) in enumerate(zip(own_lengths, reused_lengths, suffixes, strict=True)):
             ids_BS[i, length - len(suffix) :] = torch.tensor(suffix)
-            mask_BT[i, past - n : past] = 1
+            mask_BT[i, past - own : past] = 1
             mask_BT[i, past + length - len(suffix) :] = 1
             position_ids_BS[i, length - len(suffix) :] = torch.arange(n, n + len(suffix))
         cache = _new_cache(self.model.config.get_text_config().num_hidden_layers)
         if past:
+            owns = [None if entry is None else entry.kv for entry in reused]
             for layer_index, layer in enumerate(cache.layers):
                 keys, values = (
-                    torch.stack([self._padded_kv(kv, reused, layer_index, j, past) for kv in reused])
+                    torch.stack([self._padded_kv(kv, owns, layer_index, j, past) for kv in owns])
                     for j in (0, 1)
                 )
                 layer.set(keys, values, right=past + length)
+        blocks_plan = cascade.block_plan(blocks, self._stacks, self.model.dtype)
+        plan = None if blocks_plan is None else cascade.CascadePlan(blocks=blocks_plan)
         logits_BV = self._forward(
-            ids_BS.to(self.device), mask_BT.to(self.device), position_ids_BS.to(self.device), cache
+            ids_BS.to(self.device), mask_BT.to(self.device), position_ids_BS.to(self.device), cache, plan
         )
-        if len(prompts) < len(requests):
+        width, own_from = past + length, self._share_prompts(prompts, blocks, by_prompt, cache, mask_BT)
+        first = min(own_from)  # the columns before it are no row's own tokens any more
+        if len(prompts) < len(requests) or first:
             index = torch.tensor(copy_of, device=self.device)
             for layer in cache.layers:
-                layer.set(layer.keys[index], layer.values[index], right=layer.keys.shape[-2])
-            logits_BV, mask_BT = logits_BV[index], mask_BT[index.cpu()]
+                layer.set(layer.keys[index, :, first:], layer.values[index, :, first:], right=width - first)
+            logits_BV, mask_BT = logits_BV[index], mask_BT[index.cpu(), first:].clone()
+            for row, i in enumerate(copy_of):
+                mask_BT[row, : own_from[i] - first] = 0
         self._append_samples(requests, logits_BV)
-        self._batch.merge(requests, cache, mask_BT.to(self.device))
+        self._batch.merge(requests, cache, mask_BT.to(self.device), [blocks[i] for i in copy_of])
+
+    def _share_prompts(self, prompts, blocks, by_prompt, cache, mask_BT) -> list[int]:
+        """Make a block of every prompt of this prefill that several requests share and that extends
+        none yet (``blocks`` is updated); return, per prompt row, the first cache column its rows keep
+        as their own (the last token, for a new block's rows; else 0)."""
+        own_from = [0] * len(prompts)
+        if not self.cascade_attention:
+            return own_from
+        for i, p in enumerate(prompts):
+            columns = mask_BT[i].nonzero().squeeze(1).to(self.device)
+            if blocks[i] is not None or len(by_prompt[p]) < 2 or len(columns) < 2:
+                continue
+            shared = columns[:-1]
+            blocks[i] = cascade.Block(
+                [layer.keys[i][:, shared] for layer in cache.layers],
+                [layer.values[i][:, shared] for layer in cache.layers],
+            )
+            own_from[i] = mask_BT.shape[1] - 1
+        return own_from
 
     def _decode(self) -> None:
         """One step for every live row: feed its last token, sample the next."""
@@ -581,7 +675,11 @@ class HFEngine:
             [[r.num_tokens - 1 if r else 0] for r in batch.rows], device=self.device
         )
         batch.mask_BT = torch.cat([batch.mask_BT, batch.mask_BT.new_ones(len(batch.rows), 1)], dim=1)
-        logits_BV = self._forward(ids_B1, batch.mask_BT, position_ids_B1, batch.cache)
+        plan = None
+        if self.cascade_attention:
+            blocks, window = batch.block_plan(self._stacks, self.model.dtype), batch.window()
+            plan = None if blocks is None and window is None else cascade.CascadePlan(blocks, window)
+        logits_BV = self._forward(ids_B1, batch.mask_BT, position_ids_B1, batch.cache, plan)
         live = batch.live_rows
         self._append_samples([batch.rows[i] for i in live], logits_BV[live])
 
@@ -611,7 +709,7 @@ class HFEngine:
 
     @staticmethod
     def _padded_kv(kv, reused, layer_index: int, j: int, length: int) -> torch.Tensor:
-        """Row ``kv``'s keys (j=0) or values (j=1) of one layer, left-padded to (H, length, D);
+        """Row ``kv``'s own keys (j=0) or values (j=1) of one layer, left-padded to (H, length, D);
         zeros for a row that reuses nothing."""
         if kv is None:
             like = next(x for x in reused if x is not None)[layer_index][j]
@@ -633,10 +731,10 @@ class HFEngine:
         """Store a finished row's KV under the tokens it covers, for a next turn that extends it."""
         fed = request.prompt_ids + tuple(request.token_ids[:-1])
         columns = self._batch.mask_BT[row].bool()
-        self._prefixes[fed] = [
-            (layer.keys[row][:, columns].clone(), layer.values[row][:, columns].clone())
-            for layer in self._batch.cache.layers
+        kv = [
+            (layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in self._batch.cache.layers
         ]
+        self._prefixes[fed] = _Stored(self._batch.blocks[row], kv)  # (boolean indexing copies)
         self._prefixes.move_to_end(fed)
         while len(self._prefixes) > self.prefix_cache_entries:
             self._prefixes.popitem(last=False)

@@ -261,18 +261,7 @@ def install() -> None:
     """Route Hugging Face ``sdpa`` forwards that carry ``segment_attention=`` through
     ``segment_attention_forward``; all others run the ``sdpa`` function as registered before.
     Idempotent."""
-    from transformers.modeling_utils import AttentionInterface
+    from agent_r1.models.attention import route_sdpa
 
-    registered = AttentionInterface._global_mapping["sdpa"]
-    if getattr(registered, "_segment_attention_wrapper", False):
-        return
-
-    def sdpa_or_segments(module, query, key, value, attention_mask, *args, segment_attention=None, **kwargs):
-        if segment_attention is None:
-            return registered(module, query, key, value, attention_mask, *args, **kwargs)
-        return segment_attention_forward(
-            module, query, key, value, attention_mask, *args, segment_attention=segment_attention, **kwargs
-        )
-
-    sdpa_or_segments._segment_attention_wrapper = True
-    AttentionInterface.register("sdpa", sdpa_or_segments)
+    # looked up at each call, not bound now, so that the module's function can be wrapped (tests count calls)
+    route_sdpa("segment_attention", lambda *args, **kwargs: segment_attention_forward(*args, **kwargs))

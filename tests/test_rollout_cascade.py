@@ -202,3 +202,11 @@ def test_groups_turns_and_long_rows_match_the_learner(tiny_checkpoint):
         assert done.error is None and len(done.token_ids) >= 6
         gap = (learner_logprobs(model, prompt, done.token_ids) - torch.tensor(done.logprobs)).abs().max()
         assert gap < 1e-4, (len(prompt), float(gap))
+
+
+def test_a_layer_asking_for_more_than_softmax_is_refused_by_name():
+    query, k, v, mask, plan, _ = _case(0, S=1, with_window=False)
+    with pytest.raises(
+        ValueError, match=r"cascade attention computes plain softmax.*sliding_window.*cascade_attention=False"
+    ):
+        cascade.cascade_attention(_module(), query, k, v, mask, scaling=0.3, cascade=plan, sliding_window=8)

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["route_sdpa"]
+__all__ = ["refuse_unplain", "route_sdpa"]
+
+_NOT_PLAIN = (
+    "sliding_window",
+    "softcap",
+    "s_aux",
+)  # attention kwargs that are more than softmax over the mask
 
 
 def route_sdpa(keyword: str, forward: Callable) -> None:
@@ -31,3 +37,13 @@ def route_sdpa(keyword: str, forward: Callable) -> None:
 
     routed._agent_r1_routes = (*routes, keyword)
     AttentionInterface.register("sdpa", routed)
+
+
+def refuse_unplain(path: str, kwargs: dict, remedy: str) -> None:
+    """Raise if a layer's attention kwargs ask for more than plain softmax over the mask (a sliding
+    window, logit soft-capping, attention sinks), which ``path`` does not compute."""
+    refused = [name for name in _NOT_PLAIN if kwargs.get(name) is not None]
+    if refused:
+        raise ValueError(
+            f"{path} computes plain softmax attention; this model's layer passes {refused} ({remedy})"
+        )

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agent_r1.models.attention import refuse_unplain, route_sdpa
+
 __all__ = [
     "Block",
     "BlockPlan",
@@ -47,8 +49,6 @@ __all__ = [
 GATHER_COST = 3
 """What a key read through a gather costs against one read in place (``choose_window``): it is copied
 (read, written) and then read by the attention."""
-
-_REFUSED = ("sliding_window", "softcap", "s_aux")
 
 
 class Block:
@@ -256,12 +256,9 @@ def cascade_attention(
     """Hugging Face's attention-function contract: ``query`` (B, H, S, D), ``key`` / ``value`` (B, KV,
     T, D): the rows' own keys (the cache without the blocks), ``attention_mask`` over them -> output
     (B, S, H, D), the attention over each row's block followed by its own keys."""
-    refused = [name for name in _REFUSED if kwargs.get(name) is not None]
-    if refused or dropout:
-        raise ValueError(
-            f"cascade attention computes plain softmax attention without dropout; this layer passes "
-            f"{refused or 'dropout'} (HFEngine(cascade_attention=False))"
-        )
+    refuse_unplain("cascade attention", kwargs, "HFEngine(cascade_attention=False)")
+    if dropout:
+        raise ValueError("cascade attention runs without dropout (the engine's model is in eval mode)")
     B, H, S, D = query.shape
     kv_heads, T = key.shape[1], key.shape[2]
     groups = H // kv_heads
@@ -296,6 +293,4 @@ def cascade_attention(
 def install() -> None:
     """Route Hugging Face ``sdpa`` forwards that carry ``cascade=`` through ``cascade_attention``; all
     others run the function registered before. Idempotent."""
-    from agent_r1.models.attention import route_sdpa
-
     route_sdpa("cascade", cascade_attention)

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agent_r1.models.attention import refuse_unplain, route_sdpa
+
 __all__ = [
     "BUCKET_OVERHEAD_PAIRS",
     "CHUNK_QUERIES",
@@ -209,9 +211,6 @@ def plan_segments(
     return SegmentAttention(tuple(buckets), output_index_BT)
 
 
-_REFUSED = ("sliding_window", "softcap", "s_aux")
-
-
 def segment_attention_forward(
     module: torch.nn.Module,
     query: Tensor,
@@ -226,12 +225,9 @@ def segment_attention_forward(
 ) -> tuple[Tensor, None]:
     """Hugging Face's attention-function contract: ``query`` (B, H, T, D), ``key`` / ``value``
     (B, KV, T, D) -> output (B, T, H, D). ``attention_mask`` is ignored: the plan is the mask."""
-    refused = [name for name in _REFUSED if kwargs.get(name) is not None]
-    if refused:
-        raise ValueError(
-            f"segment attention computes plain softmax attention; this model's layer passes {refused} "
-            "(set trainer.share_prefixes: false or another attn_implementation)"
-        )
+    refuse_unplain(
+        "segment attention", kwargs, "set trainer.share_prefixes: false or another attn_implementation"
+    )
     B, H, T, D = query.shape
     kv_heads = key.shape[1]
     query_PHD = query.transpose(1, 2).reshape(B * T, H, D)
@@ -261,7 +257,5 @@ def install() -> None:
     """Route Hugging Face ``sdpa`` forwards that carry ``segment_attention=`` through
     ``segment_attention_forward``; all others run the ``sdpa`` function as registered before.
     Idempotent."""
-    from agent_r1.models.attention import route_sdpa
-
     # looked up at each call, not bound now, so that the module's function can be wrapped (tests count calls)
     route_sdpa("segment_attention", lambda *args, **kwargs: segment_attention_forward(*args, **kwargs))

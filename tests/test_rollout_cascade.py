@@ -60,7 +60,7 @@ def _case(seed: int, S: int, with_window: bool):
         for n in (5, 9)
     ]
     row_blocks = [blocks[0]] * 3 + [blocks[1]] * 2 + [None]
-    plan = cascade.block_plan(row_blocks, cascade._Stacks(), torch.float32)
+    plan = cascade.block_plan(row_blocks, cascade.BlockStacks(), torch.float32)
     window = None
     if with_window:
         recent, rows = cascade.choose_window(spans)
@@ -106,7 +106,7 @@ def test_no_mask_means_causal_over_the_own_keys():
         torch.randn(2, 2, 5, 8, generator=g),
     )
     block = cascade.Block([torch.randn(2, 4, 8, generator=g)], [torch.randn(2, 4, 8, generator=g)])
-    plan = cascade.CascadePlan(cascade.block_plan([block, None], cascade._Stacks(), torch.float32))
+    plan = cascade.CascadePlan(cascade.block_plan([block, None], cascade.BlockStacks(), torch.float32))
     allowed = torch.ones(3, 5, dtype=torch.bool).tril(2)[None].expand(2, 3, 5)
     reference = dense_reference(query, k, v, allowed, [(block.keys[0], block.values[0]), None], 0.5)
     out, _ = cascade.cascade_attention(_module(), query, k, v, None, scaling=0.5, cascade=plan)

@@ -37,12 +37,14 @@ from agent_r1.models.attention import refuse_unplain, route_sdpa
 __all__ = [
     "Block",
     "BlockPlan",
+    "BlockStacks",
     "CascadePlan",
     "Window",
     "block_plan",
     "cascade_attention",
     "choose_window",
     "install",
+    "left_pad",
     "plain_attention",
 ]
 
@@ -93,15 +95,17 @@ def plain_attention(config) -> bool:
     )
 
 
-def _left_pad(tensor: Tensor, length: int) -> Tensor:
-    """(KV, L, D) left-padded with zeros to (KV, length, D)."""
-    missing = length - tensor.shape[1]
+def left_pad(tensor: Tensor, length: int, dim: int) -> Tensor:
+    """``tensor`` left-padded with zeros along ``dim`` to ``length``."""
+    missing = length - tensor.shape[dim]
     if missing == 0:
         return tensor
-    return torch.cat([tensor.new_zeros(tensor.shape[0], missing, tensor.shape[2]), tensor], dim=1)
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
-class _Stacks:
+class BlockStacks:
     """The last stacking of a set of blocks, reused while a batch's set of blocks is unchanged (it
     changes only when rows join or the batch is compacted, not at every decode step)."""
 
@@ -116,13 +120,12 @@ class _Stacks:
             or any(a is not b for a, b in zip(blocks, self.blocks, strict=True))
         ):
             length = max(b.length for b in blocks)
-            keys = tuple(
-                torch.stack([_left_pad(b.keys[layer], length) for b in blocks])
-                for layer in range(len(blocks[0].keys))
-            )
-            values = tuple(
-                torch.stack([_left_pad(b.values[layer], length) for b in blocks])
-                for layer in range(len(blocks[0].values))
+            keys, values = (
+                tuple(
+                    torch.stack([left_pad(per_layer[layer], length, 1) for per_layer in tensors])
+                    for layer in range(len(tensors[0]))
+                )
+                for tensors in ([b.keys for b in blocks], [b.values for b in blocks])
             )
             lengths = torch.tensor([b.length for b in blocks], device=keys[0].device)
             padding = torch.arange(length, device=keys[0].device)[None, :] < (length - lengths)[:, None]
@@ -132,7 +135,9 @@ class _Stacks:
         return self.stacked
 
 
-def block_plan(row_blocks: Sequence[Block | None], stacks: _Stacks, dtype: torch.dtype) -> BlockPlan | None:
+def block_plan(
+    row_blocks: Sequence[Block | None], stacks: BlockStacks, dtype: torch.dtype
+) -> BlockPlan | None:
     """The plan for a forward whose row ``i`` extends ``row_blocks[i]`` (None: no block); None when no
     row has one."""
     members: dict[int, tuple[Block, list[int]]] = {}

@@ -74,15 +74,6 @@ def _resolve(future: asyncio.Future, completion: Completion) -> None:
         future.set_result(completion)
 
 
-def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
-
-
 class _GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` over a buffer with spare rows and spare columns both sides.
 
@@ -256,9 +247,9 @@ class _Batch:
             for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
                 mine.put_rows(slots, theirs.keys, theirs.values)
             width = max(self.mask_BT.shape[1], length)
-            grown = _left_pad(self.mask_BT, width, 1)
+            grown = cascade.left_pad(self.mask_BT, width, 1)
             self.mask_BT = torch.cat([grown, grown.new_zeros(rows - len(free), width)])
-            self.mask_BT[torch.tensor(slots, device=grown.device)] = _left_pad(mask_BT, width, 1)
+            self.mask_BT[torch.tensor(slots, device=grown.device)] = cascade.left_pad(mask_BT, width, 1)
             self.rows += [None] * (rows - len(free))
             self.blocks += [None] * (rows - len(free))
             for slot, request, block in zip(slots, requests, blocks, strict=True):
@@ -272,14 +263,18 @@ class _Batch:
         for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
             mine.set(
                 *(
-                    torch.cat([_left_pad(a[index, :, first:], width, 2), _left_pad(b, width, 2)])
+                    torch.cat(
+                        [cascade.left_pad(a[index, :, first:], width, 2), cascade.left_pad(b, width, 2)]
+                    )
                     for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values))
                 ),
                 rows=capacity,
                 left=width,
                 right=width,
             )
-        self.mask_BT = torch.cat([_left_pad(mine_mask_BT, width, 1), _left_pad(mask_BT, width, 1)])
+        self.mask_BT = torch.cat(
+            [cascade.left_pad(mine_mask_BT, width, 1), cascade.left_pad(mask_BT, width, 1)]
+        )
         self.rows = [self.rows[i] for i in live] + list(requests)
         self.blocks = [self.blocks[i] for i in live] + list(blocks)
 
@@ -374,7 +369,7 @@ class HFEngine:
         self.cascade_attention = can_share if cascade_attention is None else cascade_attention
         if self.cascade_attention:
             cascade.install()
-        self._stacks = cascade._Stacks()
+        self._stacks = cascade.BlockStacks()
         self.prefix_hits = 0
         self.shared_prefills = 0
         # token ids fed so far (prompt + response[:-1]) -> their block and own KV
@@ -635,7 +630,8 @@ class HFEngine:
         logits_BV = self._forward(
             ids_BS.to(self.device), mask_BT.to(self.device), position_ids_BS.to(self.device), cache, plan
         )
-        width, own_from = past + length, self._share_prompts(prompts, blocks, by_prompt, cache, mask_BT)
+        width = past + length
+        own_from = self._share_prompts(prompts, blocks, by_prompt, cache, mask_BT)
         first = min(own_from)  # the columns before it are no row's own tokens any more
         if len(prompts) < len(requests) or first:
             index = torch.tensor(copy_of, device=self.device)
@@ -655,9 +651,9 @@ class HFEngine:
         if not self.cascade_attention:
             return own_from
         for i, p in enumerate(prompts):
-            columns = mask_BT[i].nonzero().squeeze(1).to(self.device)
-            if blocks[i] is not None or len(by_prompt[p]) < 2 or len(columns) < 2:
+            if blocks[i] is not None or len(by_prompt[p]) < 2 or len(p) < 2:
                 continue
+            columns = mask_BT[i].nonzero().squeeze(1).to(self.device)
             shared = columns[:-1]
             blocks[i] = cascade.Block(
                 [layer.keys[i][:, shared] for layer in cache.layers],
@@ -714,7 +710,7 @@ class HFEngine:
         if kv is None:
             like = next(x for x in reused if x is not None)[layer_index][j]
             return like.new_zeros(like.shape[0], length, like.shape[2])
-        return _left_pad(kv[layer_index][j], length, 1)
+        return cascade.left_pad(kv[layer_index][j], length, 1)
 
     def _weights_fingerprint(self) -> int:
         """Sum of the parameters' in-place version counters: it changes whenever any weight is

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 import torch
@@ -353,18 +354,37 @@ def test_bad_requests_fail_alone(model, tiny_tokenizer):
 
 
 def test_cancelled_request_leaves_the_others_running(model):
+    """A request cancelled while it decodes beside another leaves the batch at the next step; the other
+    runs to its end. The cancellation is tied to a decode step, not to wall-clock time: a hook around
+    ``_decode`` (a test seam) cancels the doomed task on the event loop at the 5th step and waits for
+    the cancellation to land, so the survivor is live then however fast or slow the machine is."""
     engine = HFEngine(model, eos_token_ids=())
+    decode, steps, live_at_cancel = engine._decode, [], []
 
     async def main():
+        loop = asyncio.get_running_loop()
         doomed = asyncio.create_task(engine.generate(prompt(8), SamplingParams(max_tokens=500)))
         survivor = asyncio.create_task(engine.generate(prompt(9), SamplingParams(max_tokens=40)))
-        await asyncio.sleep(0.05)
-        doomed.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await doomed
-        return await survivor
 
-    survivor = asyncio.run(main())
+        async def cancel_doomed():
+            doomed.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await doomed
+
+        def hooked_decode():
+            steps.append(len(steps))
+            if len(steps) == 5:
+                live_at_cancel.extend(r.params.max_tokens for r in engine._batch.requests)
+                asyncio.run_coroutine_threadsafe(cancel_doomed(), loop).result()
+            decode()
+
+        engine._decode = hooked_decode
+        survived = await survivor
+        return doomed, survived
+
+    doomed, survivor = asyncio.run(main())
+    assert sorted(live_at_cancel) == [40, 500]  # both rows were decoding when the one was cancelled
+    assert doomed.cancelled()
     assert len(survivor.token_ids) == 40
     assert all(r.params.max_tokens != 500 for r in engine._batch.requests)  # the cancelled row left
 

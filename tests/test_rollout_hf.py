@@ -421,3 +421,29 @@ def test_sampler_logprobs_ignore_truncation():
     temperatures = torch.tensor([0.5, 2.0, 1.0, 1.0])
     expected = (logits_BV / temperatures[:, None]).log_softmax(-1).gather(1, tokens_B[:, None]).squeeze(1)
     torch.testing.assert_close(logprobs_B, expected)
+
+
+def test_seeded_draws_follow_the_truncated_distribution():
+    """Seeded rows are drawn together by inverse CDF, one uniform from each row's own generator: the
+    frequencies over 20,000 seeded rows match the top-k-truncated softmax within 5 binomial standard
+    deviations (fixed seeds: deterministic), a truncated token is never drawn, and a row's token depends
+    on its generator alone, not on its place in the batch."""
+    logits_V = torch.tensor([2.0, 0.5, -1.0, 1.0, -3.0, 0.0])
+    n = 20_000
+    params = [SamplingParams(temperature=0.8, top_k=4, seed=0)] * n
+    tokens_B, _ = sample_next_tokens(
+        logits_V.expand(n, -1), params, [torch.Generator().manual_seed(k) for k in range(n)]
+    )
+    kept = logits_V.topk(4).indices
+    expected_V = torch.zeros(6)
+    expected_V[kept] = (logits_V[kept] / 0.8).softmax(-1)
+    counts_V = torch.bincount(tokens_B, minlength=6).double()
+    assert counts_V[expected_V == 0].sum() == 0
+    sd_V = (n * expected_V * (1 - expected_V)).double().sqrt()
+    assert ((counts_V - n * expected_V).abs() <= 5 * sd_V).all(), (counts_V, n * expected_V)
+
+    shuffled = list(reversed(range(50)))
+    alone, _ = sample_next_tokens(
+        logits_V.expand(50, -1), params[:50], [torch.Generator().manual_seed(k) for k in shuffled]
+    )
+    assert alone.tolist() == [tokens_B[k].item() for k in shuffled]

@@ -63,7 +63,29 @@ def sample_next_tokens(
     if unseeded:
         rows = torch.tensor(unseeded, device=logits_BV.device)
         tokens_B[rows] = torch.multinomial(probs_BV[rows], 1).squeeze(-1)
-    for i, (p, g) in enumerate(zip(params, generators, strict=True)):
-        if g is not None and not p.greedy:
-            tokens_B[i] = torch.multinomial(probs_BV[i], 1, generator=g).squeeze(-1)
+    seeded = [
+        i for i, (p, g) in enumerate(zip(params, generators, strict=True)) if g is not None and not p.greedy
+    ]
+    if seeded:
+        rows = torch.tensor(seeded, device=logits_BV.device)
+        tokens_B[rows] = _inverse_cdf_draws(probs_BV[rows], [generators[i] for i in seeded])
     return tokens_B, logprobs_BV.gather(1, tokens_B[:, None]).squeeze(-1)
+
+
+def _inverse_cdf_draws(probs_RV: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs_RV``, row ``r`` drawn with one uniform from ``generators[r]``
+    alone (so a seeded request's tokens do not depend on its batch), all rows in one operation: the
+    first token whose cumulative probability exceeds ``u x total``. (One ``torch.multinomial`` call
+    per row cost ~20 us each, ~15% of a decode step at 90 rows on the CPU.)
+
+    The cumulative sum runs in float64, so its rounding (~vocab x 1e-16) is far below any probability
+    that matters; a token of zero probability (truncated) is never drawn: its cumulative sum equals
+    its predecessor's, and the draw is strictly below the total.
+    """
+    u_R = torch.cat([torch.rand(1, generator=g, device=g.device, dtype=torch.float64) for g in generators])
+    cdf_RV = probs_RV.double().cumsum(dim=-1)
+    total_R1 = cdf_RV[:, -1:]
+    x_R1 = torch.minimum(
+        u_R.to(cdf_RV.device)[:, None] * total_R1, total_R1.nextafter(torch.zeros_like(total_R1))
+    )
+    return torch.searchsorted(cdf_RV, x_R1, right=True).squeeze(-1)

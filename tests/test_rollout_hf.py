@@ -467,6 +467,7 @@ EXIT_WHILE_DECODING = textwrap.dedent(
     engine = HFEngine(build_tiny_model(64), eos_token_ids=())
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
+    # held, so that the request's task stays referenced while it decodes
     pending = asyncio.run_coroutine_threadsafe(engine.generate([1, 2, 3], SamplingParams(max_tokens=100_000)), loop)
     while not engine._batch.requests:  # decoding: ~2,000 steps to go before the context is full
         time.sleep(0.001)

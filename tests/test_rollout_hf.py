@@ -7,13 +7,14 @@ import contextlib
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from agent_r1.models.tiny import save_tiny_checkpoint
-from agent_r1.rollout import Engine, HFEngine
+from agent_r1.rollout import Engine, HFEngine, hf
 from agent_r1.rollout.hf import _padding_chunks
 from agent_r1.rollout.sampling import sample_next_tokens
 from agent_r1.types import Completion, SamplingParams, StopReason
@@ -247,8 +248,8 @@ def test_padding_chunks_is_the_cheapest_split(lengths, overhead):
 
 def test_rows_joining_and_leaving_at_random_keep_exact_logprobs(model):
     """A churning batch: staggered multi-turn trajectories of mixed lengths join and finish at random
-    (rows appended in place, finished rows left in the cache and compacted, full re-lays when the
-    buffers are full or a longer row arrives); every token's log-prob still equals the learner's."""
+    (rows written in place into finished rows' slots or new ones, finished rows left in the cache and
+    compacted); every token's log-prob still equals the learner's."""
     engine = HFEngine(model, max_batch_size=6, eos_token_ids=())
     rng = torch.Generator().manual_seed(0)
 
@@ -272,6 +273,65 @@ def test_rows_joining_and_leaving_at_random_keep_exact_logprobs(model):
         return await asyncio.gather(*(trajectory(i) for i in range(20)))
 
     assert max(asyncio.run(main())) < 1e-4
+
+
+def test_rows_joining_a_batch_are_written_in_place(model, monkeypatch):
+    """Three short two-turn trajectories beside a long one: their rows finish (the batch compacts to
+    the long row) and rejoin, in whatever groups they happen to arrive. Every join into a live batch
+    writes its rows into the buffers in place (``put_rows``), never re-laying the whole cache for want
+    of rows: the buffers always hold ``max_batch_size`` rows. Every log-prob is still the learner's.
+
+    A hook around ``_decode`` (a test seam) holds the long row's steps while a short trajectory is
+    between turns, so every join lands while the long row decodes, however fast the machine is."""
+    engine = HFEngine(model, max_batch_size=4, eos_token_ids=())
+    decode, merge, put_rows = engine._decode, hf._Batch.merge, hf._GrowingLayer.put_rows
+    joins, written, buffer_rows, submitted = [], [], [], []
+
+    def spied_merge(batch, requests, cache, mask_BT, blocks):
+        if batch.cache is not None:
+            joins.append(len(requests))
+        merge(batch, requests, cache, mask_BT, blocks)
+
+    def spied_put_rows(layer, slots, keys, values):
+        written.append(len(slots))
+        put_rows(layer, slots, keys, values)
+
+    def hooked_decode():
+        deadline = time.monotonic() + 60
+        while len(submitted) < 7 and len(engine._waiting) + len(engine._batch.requests) < 4:
+            assert time.monotonic() < deadline, "a short trajectory's next turn never arrived"
+            time.sleep(0.001)
+        buffer_rows.append({layer._key_buffer.shape[0] for layer in engine._batch.cache.layers})
+        decode()
+
+    monkeypatch.setattr(hf._Batch, "merge", spied_merge)
+    monkeypatch.setattr(hf._GrowingLayer, "put_rows", spied_put_rows)
+    engine._decode = hooked_decode
+
+    async def turns(i: int, n_turns: int, max_tokens: int) -> list[tuple[list[int], Completion]]:
+        ids, done = prompt(30 if i == 0 else 6 + 3 * i, 10 * i), []  # the long row is the widest too
+        for turn in range(n_turns):
+            submitted.append(i)
+            sp = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i + turn)
+            c = await engine.generate(ids, sp)
+            done.append((ids, c))
+            ids = ids + list(c.token_ids) + prompt(5, 50 + turn)
+        return done
+
+    async def main():
+        runs = await asyncio.gather(turns(0, 1, 60), *(turns(i, 2, 2) for i in (1, 2, 3)))
+        return [pair for run in runs for pair in run]
+
+    pairs = asyncio.run(main())
+    layers = model.config.num_hidden_layers
+    assert sum(joins) >= 3  # at least the three next turns joined the live batch
+    assert sorted(written) == sorted(n for n in joins for _ in range(layers))  # each join in place
+    assert all(rows == {4} for rows in buffer_rows)
+    gaps = [
+        float((learner_logprobs(model, ids, c, 1.0) - torch.tensor(c.logprobs)).abs().max())
+        for ids, c in pairs
+    ]
+    assert len(pairs) == 7 and max(gaps) < 1e-4
 
 
 def test_short_request_does_not_wait_for_the_longest(model):

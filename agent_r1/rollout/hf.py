@@ -141,6 +141,13 @@ class _GrowingLayer(DynamicLayer):
         self._view()
         return self.keys, self.values
 
+    def reserve(self, rows: int, left: int) -> None:
+        """Make room for ``rows`` rows in all and ``left`` more positions on the left (and as many on
+        the right), re-laying the buffer only when it lacks either."""
+        if self._key_buffer.shape[0] < rows or self._start < left:
+            width = self._end - self._start
+            self.set(self.keys, self.values, rows=rows, left=left, right=max(width, left))
+
     def fits(self, rows: int, length: int) -> bool:
         """Whether ``put_rows`` can add ``rows`` rows of ``length`` positions in place."""
         return self._rows + rows <= self._key_buffer.shape[0] and length <= self._end
@@ -209,9 +216,16 @@ class _Batch:
     fresh cache, so a copy happens O(log B) times per wave of finishing rows instead of at every
     retirement. (Multi-turn trajectories rejoin once per turn: filling finished rows' slots, their
     turns no longer run the buffers out of rows, which re-laid the whole cache.)
+
+    The buffers always hold ``capacity`` rows (the engine's ``max_batch_size``): joining rows fill
+    finished rows' slots before new ones, so the batch never has more rows than that, and a row that
+    joins never re-lays the cache for want of one. (Sized to twice the live rows, the buffers ran out
+    of rows in 7 of 80 joins over two iterations of ``benchmarks/vs_trl_multiturn.py``; a re-lay
+    copies every live row's KV.)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
         self.clear()
 
     def clear(self) -> None:
@@ -254,6 +268,8 @@ class _Batch:
         (finished rows dropped)."""
         self._planned = False
         if self.cache is None:
+            for layer in cache.layers:  # room for joining rows, longer ones included, written in place
+                layer.reserve(self.capacity, left=mask_BT.shape[1])
             self.rows, self.cache, self.mask_BT, self.blocks = list(requests), cache, mask_BT, list(blocks)
             return
         rows, length = mask_BT.shape
@@ -275,7 +291,6 @@ class _Batch:
         index = torch.tensor(live, device=self.mask_BT.device)
         mine_mask_BT, first = self._trimmed_mask(index)
         width = max(mine_mask_BT.shape[1], length)
-        capacity = 2 * (len(live) + rows)
         for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
             mine.set(
                 *(
@@ -284,7 +299,7 @@ class _Batch:
                     )
                     for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values))
                 ),
-                rows=capacity,
+                rows=self.capacity,
                 left=width,
                 right=width,
             )
@@ -310,7 +325,7 @@ class _Batch:
                 layer.set(
                     layer.keys[index, :, first:],
                     layer.values[index, :, first:],
-                    rows=2 * len(live),
+                    rows=self.capacity,
                     left=width,
                     right=width,
                 )
@@ -391,7 +406,7 @@ class HFEngine:
         # token ids fed so far (prompt + response[:-1]) -> their block and own KV
         self._prefixes: OrderedDict[tuple[int, ...], _Stored] = OrderedDict()
         self._prefixes_fingerprint = self._weights_fingerprint()
-        self._batch = _Batch()
+        self._batch = _Batch(self.max_batch_size)
         self._waiting: list[_Request] = []
         self._wakeup = threading.Condition()
         self._model_lock = threading.Lock()
@@ -545,12 +560,12 @@ class HFEngine:
                         self._retire()
             except Exception as e:  # a failed step fails its rows, never the engine
                 failed = self._batch.requests + [r for r in joining if r not in self._batch.requests]
-                self._batch = _Batch()
+                self._batch = _Batch(self.max_batch_size)
                 for request in failed:
                     self._finish(request, StopReason.ABORT, error=f"{type(e).__name__}: {e}")
         for request in self._batch.requests + self._waiting:
             self._finish(request, StopReason.ABORT, error="HFEngine closed")
-        self._batch, self._waiting = _Batch(), []
+        self._batch, self._waiting = _Batch(self.max_batch_size), []
 
     def _forward(self, input_ids_BS, mask_BT, position_ids_BS, cache, plan=None) -> torch.Tensor:
         out = self.model(
@@ -743,11 +758,12 @@ class HFEngine:
     def _keep_prefix(self, row: int, request: _Request) -> None:
         """Store a finished row's KV under the tokens it covers, for a next turn that extends it."""
         fed = request.prompt_ids + tuple(request.token_ids[:-1])
-        columns = self._batch.mask_BT[row].bool()
+        columns = self._batch.mask_BT[row].nonzero().squeeze(1)  # found once for every layer
         kv = [
-            (layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in self._batch.cache.layers
+            (layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns))
+            for layer in self._batch.cache.layers
         ]
-        self._prefixes[fed] = _Stored(self._batch.blocks[row], kv)  # (boolean indexing copies)
+        self._prefixes[fed] = _Stored(self._batch.blocks[row], kv)  # (index_select copies)
         self._prefixes.move_to_end(fed)
         while len(self._prefixes) > self.prefix_cache_entries:
             self._prefixes.popitem(last=False)

@@ -116,6 +116,7 @@ def rl_settings(
             "eval_every": steps,
             "run_dir": run_dir,
             "torch_threads": threads,
+            "retain_freed_memory": True,
         },
     }
 
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     from agent_r1.models.tiny import build_tiny
     from agent_r1.tasks import arithmetic, get_task
     from agent_r1.train.config import config_from_dict
+    from agent_r1.train.process import retain_freed_memory
     from agent_r1.train.sft import SFTConfig, replay_demonstrations, sft_sequences, train_sft
     from agent_r1.train.trainer import Trainer
 
@@ -134,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
+    retain_freed_memory()  # the warm start too (the RL trainer's config asks for it as well)
     started = time.perf_counter()
     spec = get_task("arithmetic")
     model, tokenizer = build_tiny(seed=args.seed)

@@ -42,6 +42,7 @@ from agent_r1.train.builders import (
 )
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import MiniBatch, TokenLoss, load_policy
+from agent_r1.train.process import apply_process_settings
 
 __all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
 
@@ -70,8 +71,7 @@ class LearnerWorker:
         self.config = config
         self.rank = rank
         self.world_size = world_size
-        if config.trainer.torch_threads:
-            torch.set_num_threads(config.trainer.torch_threads)
+        apply_process_settings(config.trainer)
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port: the rendezvous of the group (asked of rank 0)."""

@@ -93,11 +93,9 @@ class RolloutActor:
             load_config_tokenizer,
             sampling_params,
         )
+        from agent_r1.train.process import apply_process_settings
 
-        if config.trainer.torch_threads:
-            import torch
-
-            torch.set_num_threads(config.trainer.torch_threads)
+        apply_process_settings(config.trainer)
         self.slot = slot
         tokenizer = load_config_tokenizer(config)
         rollout = config.rollout

@@ -89,6 +89,7 @@ from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.data import DataError, TaskSampler, check_fields, load_tasks
 from agent_r1.train.health import ZeroVarianceWatch, rollout_health
 from agent_r1.train.learner import MASKABLE_KERNELS, MiniBatch, TokenLoss, load_policy
+from agent_r1.train.process import apply_process_settings
 from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.run_dir import RunDir
 from agent_r1.types import Task, Trajectory, TrajectoryGroup, TrajectoryStatus
@@ -268,8 +269,7 @@ class Trainer:
         # Checked first: a refused resume should not wait for a model to load.
         self.resume_from = resume_checkpoint(config, resume, allow_config_change=allow_config_change)
         trainer = config.trainer
-        if trainer.torch_threads:
-            torch.set_num_threads(trainer.torch_threads)
+        apply_process_settings(trainer)
         torch.manual_seed(trainer.seed)
         if tokenizer is None and not (config.model.tokenizer or config.model.path):
             raise ConfigError("model.path", "no model given: set model.path (or pass model= and tokenizer=)")

@@ -2,10 +2,10 @@
 
 Why the allocator: on the CPU a training step frees and allocates the same large tensors over and
 over (a 16k-token micro-batch's MLP activations are 25 MB each, per layer, forward and backward).
-glibc serves an allocation of 128 KiB or more (its threshold adapts upward to at most 32 MiB) with a
-fresh ``mmap`` and returns the memory to the kernel when it is freed, and the top of its heap is given
-back too once more than 128 KiB is free there; every reuse then pays a page fault per 4 KiB page on
-first touch. Measured on the quickstart race's iteration (``benchmarks/vs_trl_multiturn.py``'s
+glibc serves a large allocation with a fresh ``mmap`` and returns it to the kernel when it is freed
+(the threshold starts at 128 KiB and follows the largest block freed, up to 32 MiB), and it trims the
+top of its heap once more than twice that threshold is free there; every reuse then pays a page fault
+per 4 KiB page on first touch. Measured on the quickstart race's iteration (``benchmarks/vs_trl_multiturn.py``'s
 agent-r1 side, one thread): 204k page faults per update, and an elementwise multiply over one such
 tensor ran 10x slower per element than over a tensor a third its size. Keeping freed memory in the
 process (allocations up to 32 MiB from the heap, no trimming, the heap grown in 256 MiB steps, one

@@ -32,7 +32,7 @@ from agent_r1.train.checkpoint import (
     save_checkpoint,
 )
 from agent_r1.train.config import load_config
-from agent_r1.train.resume import ResumeError
+from agent_r1.train.resume import ResumeError, resume_checkpoint
 from agent_r1.train.trainer import Trainer
 
 
@@ -158,6 +158,9 @@ def test_resume_with_a_changed_config_is_refused_and_allowed_on_request(tmp_path
     assert resumed_with["trainer"]["lr"] == 0.001 and resumed_with["algorithm"]["advantage"]["name"] == "rloo"
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5]
+    # The allocator setting changes where memory comes from, not what is trained: no flag needed.
+    retained = load_config(config, ["trainer.steps=5", *changed, *cosine, "trainer.retain_freed_memory=true"])
+    assert resume_checkpoint(retained, True).name == "step_000005"
 
 
 # ---------------------------------------------------------------- item 7: checkpoint integrity

@@ -34,8 +34,15 @@ logger = logging.getLogger(__name__)
 
 ResumeMode = bool | Literal["auto"]
 
-NEUTRAL_KEYS = ("logging.", "trainer.run_dir", "trainer.checkpoint_every", "trainer.keep_checkpoints")
-"""Dotted keys (or prefixes ending in '.') that change how a run is logged or saved, not what it trains."""
+NEUTRAL_KEYS = (
+    "logging.",
+    "trainer.run_dir",
+    "trainer.checkpoint_every",
+    "trainer.keep_checkpoints",
+    "trainer.retain_freed_memory",
+)
+"""Dotted keys (or prefixes ending in '.') that change how a run is logged or saved, or where its
+memory comes from, not what it trains."""
 
 _ABSENT = "(absent)"
 

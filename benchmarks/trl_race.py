@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import multiprocessing
 import os
 import platform
 import statistics
@@ -144,17 +145,67 @@ def race(
     runs: dict[str, Callable[[], dict]], score: Callable[[dict], object], *, seed: int, length: str, progress
 ):
     """Run each framework in turn from the same torch seed; each result gets ``total`` (wall seconds
-    of its run) and ``heldout`` (``score(result)``, which may pop the trained model from it)."""
+    of its run, unless the run timed itself), ``heldout`` (``score(result)``, which may pop the
+    trained model from it) and ``probe`` (``speed_probe()`` just before the run); the returned
+    mapping's ``probe_after`` is the probe after the last run."""
     results = {}
     for name, run in runs.items():
-        progress(f"training {name} for {length}")
+        probe = speed_probe()
+        progress(f"training {name} for {length} (speed probe {probe:.3f} s)")
         torch.manual_seed(seed)
         started = time.perf_counter()
         result = run()
-        result["total"] = time.perf_counter() - started
+        result.setdefault("total", time.perf_counter() - started)
+        result["probe"] = probe
         result["heldout"] = score(result)
         results[name] = result
-    return results
+    after = speed_probe()
+    progress(f"speed probe after the last run: {after:.3f} s")
+    return RaceResults(results, probe_after=after)
+
+
+class RaceResults(dict):
+    """``race``'s results by framework name, with ``probe_after``."""
+
+    def __init__(self, results: dict, probe_after: float) -> None:
+        super().__init__(results)
+        self.probe_after = probe_after
+
+
+def probe_line(results: RaceResults) -> str:
+    """The speed probes of a race, for its printout."""
+    before = ", ".join(f"before {name} {r['probe']:.3f} s" for name, r in results.items())
+    return f"speed probe (a fixed workload, lower is faster): {before}, after the last {results.probe_after:.3f} s"
+
+
+def speed_probe(rounds: int = 3) -> float:
+    """Seconds for a fixed workload on this process's threads (the best of ``rounds``): four times
+    64 products of 256 x 256 matrices and 8 passes over 64 MiB, the two kinds of work a small
+    model's step does (0.15 s on one thread of the 2-core machine). The host's speed drifts over
+    minutes (a shared machine); equal probes before each framework say a race's ratios are not
+    that drift."""
+    a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    big = torch.zeros(16 * 2**20)
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(4):
+            for _ in range(64):
+                b = a @ a
+            for _ in range(8):
+                big.add_(1.0)
+        best = min(best, time.perf_counter() - started)
+    del b
+    return best
+
+
+def in_fresh_process(function: Callable, *args):
+    """``function(*args)`` in a spawned interpreter of its own; its result (``function`` lives at a
+    module's top level, arguments and result are picklable). A race trains each framework this way
+    so that none inherits what the process did before: the warm start, the evaluations, another
+    framework's heap or process-wide settings."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
 
 
 def median_after(values: list[float], warmup: int) -> float:

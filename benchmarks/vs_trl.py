@@ -53,6 +53,7 @@ from trl_race import (
     clock_steps,
     machine_line,
     markdown_table,
+    probe_line,
     progress_printer,
     race,
     require_trl,
@@ -383,6 +384,7 @@ def main() -> None:
             + [f"{r['heldout'][0]:.3f}", f"{r['heldout'][1]:.3f}"]
         )
     print(markdown_table(header, rows))
+    print(probe_line(results))
     for name, r in results.items():
         if "phases" in r:
             total = sum(r["phases"].values())

@@ -7,7 +7,14 @@ Shared setup: the tiny Qwen2 + byte-level ChatML-with-tools tokenizer, the quick
 warm start (``multiturn.warm_starts``: the imperfect demonstrator replayed through the ``ToolEnv``),
 copied once per framework. Both then train for ``--minutes`` of wall clock with the same group size,
 tasks per iteration, lr, max turns (4 responses), and the equal GRPO settings of
-``benchmarks/trl_race.py`` (one optimizer step per iteration, no dynamic filter).
+``benchmarks/trl_race.py`` (one optimizer step per iteration, no dynamic filter). Each framework
+trains in a fresh interpreter of its own that loads the warm start from a file (``train_isolated``):
+neither inherits the heap the warm start, the evaluations or the other framework left, nor a
+process-wide setting: agent-r1's trainer applies the quickstart's (``trainer.retain_freed_memory``),
+TRL runs with the defaults a TRL user has. The host's speed drifts: TRL's iterations 2-6 took 1.20x
+as long at 13:38 as at 12:58 UTC on 2026-12-03 (the same tokens, each run alone on an idle machine).
+So a fixed workload is timed before each framework and after the last (``speed_probe``): a ratio is
+only as good as those probes are equal.
 
 TRL runs its own tool loop (``GRPOTrainer(environment_factory=...)``, as in trl 1.16): per rollout a
 ``CalculatorEnvironment`` whose ``calculator`` method is the tool, the same calculator memory as
@@ -53,6 +60,7 @@ import functools
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -62,9 +70,11 @@ from trl_race import (
     EQUAL_ALGORITHM,
     add_race_arguments,
     clock_steps,
+    in_fresh_process,
     machine_line,
     markdown_table,
     median_after,
+    probe_line,
     progress_printer,
     race,
     require_trl,
@@ -292,6 +302,45 @@ def run_trl(model, tasks: list[dict], args, out_dir: Path, max_completion_length
     }
 
 
+# --- each framework in a fresh interpreter --------------------------------------------------------
+
+TRL = "TRL GRPOTrainer"
+
+
+def train_isolated(framework: str, warm_path: Path, tasks: list[dict], args, run_dir: Path, extra) -> dict:
+    """Train ``framework`` in a spawned interpreter of its own; its result, with ``model`` (the
+    final weights in a copy of the warm start) and ``snapshots`` loaded back.
+
+    In one process the second framework would inherit what ran before it: the heap after the warm
+    start's SFT and the evaluations, and the allocator setting agent-r1's trainer applies
+    (process-wide). Here each side starts from the same state.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result = in_fresh_process(_train, framework, str(warm_path), tasks, args, str(run_dir), extra)
+    weights = torch.load(run_dir / "weights.pt", weights_only=True)
+    model = torch.load(warm_path, weights_only=False)
+    model.load_state_dict(weights["final"])
+    return {**result, "model": model, "snapshots": weights["snapshots"]}
+
+
+def _train(framework: str, warm_path: str, tasks: list[dict], args, run_dir: str, extra) -> dict:
+    """The child's side of ``train_isolated``: ``extra`` is TRL's ``max_completion_length`` or
+    agent-r1's overrides; the weights go to ``run_dir/weights.pt``, the rest is returned."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model = torch.load(warm_path, weights_only=False)
+    tokenizer = build_tiny_tokenizer()
+    started = time.perf_counter()
+    if framework == TRL:
+        result = run_trl(model, tasks, args, Path(run_dir), extra, tokenizer)
+    else:
+        result = run_agent_r1(model, tokenizer, tasks, args, Path(run_dir), extra)
+    result["total"] = time.perf_counter() - started
+    weights = {"final": result.pop("model").state_dict(), "snapshots": result.pop("snapshots", None)}
+    torch.save(weights, Path(run_dir) / "weights.pt")
+    return result
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 
@@ -338,25 +387,24 @@ def main() -> None:
 
         start_success = heldout_success(copy.deepcopy(warm))
         progress(f"warm start: {how}, held-out success {start_success:.3f}")
-        runs = {
-            "agent-r1": lambda m: run_agent_r1(m, tokenizer, rl_tasks, args, Path(tmp) / "ar1", []),
-        }
+        warm_path = Path(tmp) / "warm.pt"
+        torch.save(warm, warm_path)
+        train = functools.partial(train_isolated, warm_path=warm_path, tasks=rl_tasks, args=args)
+        runs = {"agent-r1": functools.partial(train, "agent-r1", run_dir=Path(tmp) / "ar1", extra=[])}
         for i, variant in enumerate(args.variant):
-            runs[f"agent-r1 {variant}"] = lambda m, o=variant.split(","), i=i: run_agent_r1(
-                m, tokenizer, rl_tasks, args, Path(tmp) / f"ar1_{i}", o
+            runs[f"agent-r1 {variant}"] = functools.partial(
+                train, "agent-r1", run_dir=Path(tmp) / f"ar1_{i}", extra=variant.split(",")
             )
         if not args.skip_trl:
-            runs["TRL GRPOTrainer"] = lambda m: run_trl(
-                m, rl_tasks, args, Path(tmp) / "trl", trl_budget, tokenizer
-            )
+            runs[TRL] = functools.partial(train, TRL, run_dir=Path(tmp) / "trl", extra=trl_budget)
         results = race(
-            {name: functools.partial(run, copy.deepcopy(warm)) for name, run in runs.items()},
+            runs,
             lambda r: heldout_success(r.pop("model")),
             seed=args.seed,
             length=f"{args.minutes:g} min",
             progress=progress,
         )
-        trl = results.get("TRL GRPOTrainer")
+        trl = results.get(TRL)
         for r in results.values():
             # At equal wall clock the faster framework also runs more iterations: held-out success
             # after TRL's number of iterations separates speed from what the extra ones did.
@@ -377,7 +425,7 @@ def main() -> None:
         f"timing = median gap after {args.warmup} warm-up iterations, train success = mean of the last "
         f"{args.last}; held-out success on {args.eval_tasks} tasks x {quickstart.EVAL_SAMPLES} sampled"
     )
-    base = results.get("TRL GRPOTrainer")
+    base = results.get(TRL)
 
     def figures(r: dict) -> dict[str, float]:
         timed = slice(args.warmup, None) if len(r["gaps"]) > args.warmup else slice(None)
@@ -399,9 +447,11 @@ def main() -> None:
             + [f"{statistics.mean(r['success'][-args.last :]):.3f}", f"{r['heldout']:.3f}"]
         )
     print(markdown_table(header, rows))
+    print(probe_line(results))
     for name, r in results.items():
         print(f"{name} tool loop: {r['loop']}; {r['total']:.0f} s in all")
         print(f"{name} train success per iteration: " + " ".join(f"{x:.3f}" for x in r["success"]))
+        print(f"{name} seconds per iteration: " + " ".join(f"{x:.2f}" for x in r["gaps"]))
     for name, r in results.items():
         if "heldout_at_trl_iterations" in r:
             n = len(base["gaps"])

@@ -204,8 +204,12 @@ def in_fresh_process(function: Callable, *args):
     module's top level, arguments and result are picklable). A race trains each framework this way
     so that none inherits what the process did before: the warm start, the evaluations, another
     framework's heap or process-wide settings."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+    pool = multiprocessing.get_context("spawn").Pool(1)
+    try:
         return pool.apply(function, args)
+    finally:  # let the child exit by itself (terminating it would leave its semaphores behind)
+        pool.close()
+        pool.join()
 
 
 def median_after(values: list[float], warmup: int) -> float:

@@ -5,7 +5,8 @@ Task: "Last letter, twice: abcd" -> "dd" (words of 3-6 random lowercase letters)
 and the target, in [0, 1]; one plain Python function scores both frameworks.
 
 Shared setup: the ~1M-param tiny Qwen2 + byte-level ChatML tokenizer, warm-started by a short SFT and
-saved once; both trainers start from that folder. The demonstrations have one systematic error, so that
+saved once; both trainers start from that folder, each in a fresh interpreter of its own
+(``train_isolated``), with a speed probe timed before each. The demonstrations have one systematic error, so that
 RL has something to fix within a CPU-sized run: on ``HABIT`` of them the demonstrator writes the letter
 once ("d", reward 0.67). The model learns the task and the habit's marginal, so it answers once about
 that often; under greedy decoding it always does (the task the tiny model cannot learn in minutes,
@@ -38,12 +39,14 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import json
 import random
 import statistics
 import string
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -51,6 +54,7 @@ from trl_race import (
     EQUAL_ALGORITHM,
     add_race_arguments,
     clock_steps,
+    in_fresh_process,
     machine_line,
     markdown_table,
     probe_line,
@@ -70,6 +74,7 @@ from agent_r1.train.sft import SFTConfig, sft_sequences, train_sft
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Observation, SamplingParams, Step, Trajectory
 
+TRL = "TRL GRPOTrainer"
 SPECIAL_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>")
 
 
@@ -262,6 +267,28 @@ def run_trl(folder: Path, tasks: list[dict], args, out_dir: Path) -> dict:
     }
 
 
+def train_isolated(framework: str, folder: Path, tasks: list[dict], args, run_dir: Path, overrides) -> dict:
+    """Train ``framework`` in a spawned interpreter of its own (``trl_race.in_fresh_process``: no heap
+    or process-wide setting carried over from the warm start, the evaluations or the other
+    framework); its result with ``model`` (saved by the child, loaded back) and ``tokenizer``."""
+    result = in_fresh_process(_train, framework, str(folder), tasks, args, str(run_dir), overrides)
+    return {**result, "model": load_model(run_dir / "final"), "tokenizer": load_tokenizer(str(folder))}
+
+
+def _train(framework: str, folder: str, tasks: list[dict], args, run_dir: str, overrides) -> dict:
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    if framework == TRL:
+        run = run_trl(Path(folder), tasks, args, Path(run_dir))
+    else:
+        run = run_agent_r1(Path(folder), tasks, args, Path(run_dir), overrides)
+    run["total"] = time.perf_counter() - started
+    run.pop("tokenizer")
+    run.pop("model").save_pretrained(Path(run_dir) / "final")
+    return run
+
+
 def check_same_prompts(folder: Path, task: dict) -> None:
     """TRL renders conversational prompts with ``apply_chat_template(tokenize=True)``; agent-r1 with
     its own renderer. The comparison is only fair if both give the model the same tokens."""
@@ -331,14 +358,14 @@ def main() -> None:
             f"sampled {start_sampled:.3f}"
         )
 
-        runs = {"agent-r1": lambda: run_agent_r1(folder, train_tasks, args, Path(tmp) / "ar1", [])}
+        train = functools.partial(train_isolated, folder=folder, tasks=train_tasks, args=args)
+        runs = {"agent-r1": functools.partial(train, "agent-r1", run_dir=Path(tmp) / "ar1", overrides=[])}
         for i, variant in enumerate(args.variant):
-            overrides = variant.split(",")
-            runs[f"agent-r1 {variant}"] = lambda o=overrides, i=i: run_agent_r1(
-                folder, train_tasks, args, Path(tmp) / f"ar1_{i}", o
+            runs[f"agent-r1 {variant}"] = functools.partial(
+                train, "agent-r1", run_dir=Path(tmp) / f"ar1_{i}", overrides=variant.split(",")
             )
         if not args.skip_trl:
-            runs["TRL GRPOTrainer"] = lambda: run_trl(folder, train_tasks, args, Path(tmp) / "trl")
+            runs[TRL] = functools.partial(train, TRL, run_dir=Path(tmp) / "trl", overrides=[])
         results = race(
             runs,
             lambda r: heldout_reward(r.pop("model"), r.pop("tokenizer"), heldout, args),
@@ -358,7 +385,7 @@ def main() -> None:
         f"{args.max_new_tokens}, lr {args.lr}, {args.iterations} iterations, timing = median gap after "
         f"{args.warmup} warm-up iterations, train reward = mean of the last {args.last}"
     )
-    base = results.get("TRL GRPOTrainer")
+    base = results.get(TRL)
 
     def per_iter(r: dict, key: str) -> float:
         return statistics.median(r[key][args.warmup :])

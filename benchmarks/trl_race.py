@@ -146,8 +146,8 @@ def race(
 ):
     """Run each framework in turn from the same torch seed; each result gets ``total`` (wall seconds
     of its run, unless the run timed itself), ``heldout`` (``score(result)``, which may pop the
-    trained model from it) and ``probe`` (``speed_probe()`` just before the run); the returned
-    mapping's ``probe_after`` is the probe after the last run."""
+    trained model from it), and ``probe`` / ``probe_after``: ``speed_probe()`` just before the run
+    and just after it (the next run's probe)."""
     results = {}
     for name, run in runs.items():
         probe = speed_probe()
@@ -161,21 +161,16 @@ def race(
         results[name] = result
     after = speed_probe()
     progress(f"speed probe after the last run: {after:.3f} s")
-    return RaceResults(results, probe_after=after)
+    ordered = list(results.values())
+    for result, following in zip(ordered, [*ordered[1:], None], strict=True):
+        result["probe_after"] = after if following is None else following["probe"]
+    return results
 
 
-class RaceResults(dict):
-    """``race``'s results by framework name, with ``probe_after``."""
-
-    def __init__(self, results: dict, probe_after: float) -> None:
-        super().__init__(results)
-        self.probe_after = probe_after
-
-
-def probe_line(results: RaceResults) -> str:
+def probe_line(results: dict) -> str:
     """The speed probes of a race, for its printout."""
-    before = ", ".join(f"before {name} {r['probe']:.3f} s" for name, r in results.items())
-    return f"speed probe (a fixed workload, lower is faster): {before}, after the last {results.probe_after:.3f} s"
+    probes = ", ".join(f"{name} {r['probe']:.3f} -> {r['probe_after']:.3f} s" for name, r in results.items())
+    return f"speed probe (a fixed workload, lower is faster; before -> after each run): {probes}"
 
 
 def speed_probe(rounds: int = 3) -> float:
@@ -199,17 +194,27 @@ def speed_probe(rounds: int = 3) -> float:
     return best
 
 
-def in_fresh_process(function: Callable, *args):
-    """``function(*args)`` in a spawned interpreter of its own; its result (``function`` lives at a
-    module's top level, arguments and result are picklable). A race trains each framework this way
-    so that none inherits what the process did before: the warm start, the evaluations, another
-    framework's heap or process-wide settings."""
+def train_in_fresh_process(train: Callable, *args, threads: int, seed: int) -> dict:
+    """``train(*args)`` in a spawned interpreter of its own, on ``threads`` torch threads from torch
+    seed ``seed``; its result dict with ``total``, the seconds ``train`` took (the interpreter's
+    start left out). ``train`` lives at a module's top level; arguments and result are picklable.
+    A race trains each framework this way so that none inherits what the process did before: the
+    warm start, the evaluations, another framework's heap or process-wide settings."""
     pool = multiprocessing.get_context("spawn").Pool(1)
     try:
-        return pool.apply(function, args)
+        return pool.apply(_timed, (train, threads, seed, args))
     finally:  # let the child exit by itself (terminating it would leave its semaphores behind)
         pool.close()
         pool.join()
+
+
+def _timed(train: Callable, threads: int, seed: int, args: tuple) -> dict:
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    started = time.perf_counter()
+    result = train(*args)
+    result["total"] = time.perf_counter() - started
+    return result
 
 
 def median_after(values: list[float], warmup: int) -> float:

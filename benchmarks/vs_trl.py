@@ -46,7 +46,6 @@ import statistics
 import string
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -54,13 +53,13 @@ from trl_race import (
     EQUAL_ALGORITHM,
     add_race_arguments,
     clock_steps,
-    in_fresh_process,
     machine_line,
     markdown_table,
     probe_line,
     progress_printer,
     race,
     require_trl,
+    train_in_fresh_process,
     train_trl,
     trl_config,
 )
@@ -268,22 +267,28 @@ def run_trl(folder: Path, tasks: list[dict], args, out_dir: Path) -> dict:
 
 
 def train_isolated(framework: str, folder: Path, tasks: list[dict], args, run_dir: Path, overrides) -> dict:
-    """Train ``framework`` in a spawned interpreter of its own (``trl_race.in_fresh_process``: no heap
+    """Train ``framework`` in a spawned interpreter of its own (``trl_race.train_in_fresh_process``: no heap
     or process-wide setting carried over from the warm start, the evaluations or the other
     framework); its result with ``model`` (saved by the child, loaded back) and ``tokenizer``."""
-    result = in_fresh_process(_train, framework, str(folder), tasks, args, str(run_dir), overrides)
+    result = train_in_fresh_process(
+        _train,
+        framework,
+        str(folder),
+        tasks,
+        args,
+        str(run_dir),
+        overrides,
+        threads=args.threads,
+        seed=args.seed,
+    )
     return {**result, "model": load_model(run_dir / "final"), "tokenizer": load_tokenizer(str(folder))}
 
 
 def _train(framework: str, folder: str, tasks: list[dict], args, run_dir: str, overrides) -> dict:
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    started = time.perf_counter()
     if framework == TRL:
         run = run_trl(Path(folder), tasks, args, Path(run_dir))
     else:
         run = run_agent_r1(Path(folder), tasks, args, Path(run_dir), overrides)
-    run["total"] = time.perf_counter() - started
     run.pop("tokenizer")
     run.pop("model").save_pretrained(Path(run_dir) / "final")
     return run

@@ -60,7 +60,6 @@ import functools
 import statistics
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -70,7 +69,6 @@ from trl_race import (
     EQUAL_ALGORITHM,
     add_race_arguments,
     clock_steps,
-    in_fresh_process,
     machine_line,
     markdown_table,
     median_after,
@@ -78,6 +76,7 @@ from trl_race import (
     progress_printer,
     race,
     require_trl,
+    train_in_fresh_process,
     train_trl,
     trl_config,
 )
@@ -316,7 +315,17 @@ def train_isolated(framework: str, warm_path: Path, tasks: list[dict], args, run
     (process-wide). Here each side starts from the same state.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = in_fresh_process(_train, framework, str(warm_path), tasks, args, str(run_dir), extra)
+    result = train_in_fresh_process(
+        _train,
+        framework,
+        str(warm_path),
+        tasks,
+        args,
+        str(run_dir),
+        extra,
+        threads=args.threads,
+        seed=args.seed,
+    )
     weights = torch.load(run_dir / "weights.pt", weights_only=True)
     model = torch.load(warm_path, weights_only=False)
     model.load_state_dict(weights["final"])
@@ -326,16 +335,12 @@ def train_isolated(framework: str, warm_path: Path, tasks: list[dict], args, run
 def _train(framework: str, warm_path: str, tasks: list[dict], args, run_dir: str, extra) -> dict:
     """The child's side of ``train_isolated``: ``extra`` is TRL's ``max_completion_length`` or
     agent-r1's overrides; the weights go to ``run_dir/weights.pt``, the rest is returned."""
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     model = torch.load(warm_path, weights_only=False)
     tokenizer = build_tiny_tokenizer()
-    started = time.perf_counter()
     if framework == TRL:
         result = run_trl(model, tasks, args, Path(run_dir), extra, tokenizer)
     else:
         result = run_agent_r1(model, tokenizer, tasks, args, Path(run_dir), extra)
-    result["total"] = time.perf_counter() - started
     weights = {"final": result.pop("model").state_dict(), "snapshots": result.pop("snapshots", None)}
     torch.save(weights, Path(run_dir) / "weights.pt")
     return result

@@ -23,6 +23,9 @@ from pathlib import Path
 
 import torch
 
+TRL = "TRL GRPOTrainer"
+"""The race's name for TRL's side (its row in the printed tables)."""
+
 # agent-r1's side of the equal settings (the config's ``algorithm`` section).
 EQUAL_ALGORITHM = {
     "advantage": "grpo",

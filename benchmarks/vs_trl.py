@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 from trl_race import (
     EQUAL_ALGORITHM,
+    TRL,
     add_race_arguments,
     clock_steps,
     machine_line,
@@ -73,7 +74,6 @@ from agent_r1.train.sft import SFTConfig, sft_sequences, train_sft
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Observation, SamplingParams, Step, Trajectory
 
-TRL = "TRL GRPOTrainer"
 SPECIAL_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>")
 
 

@@ -67,6 +67,7 @@ import torch
 from multiturn import add_quickstart_arguments, train_for, warm_starts
 from trl_race import (
     EQUAL_ALGORITHM,
+    TRL,
     add_race_arguments,
     clock_steps,
     machine_line,
@@ -302,8 +303,6 @@ def run_trl(model, tasks: list[dict], args, out_dir: Path, max_completion_length
 
 
 # --- each framework in a fresh interpreter --------------------------------------------------------
-
-TRL = "TRL GRPOTrainer"
 
 
 def train_isolated(framework: str, warm_path: Path, tasks: list[dict], args, run_dir: Path, extra) -> dict:

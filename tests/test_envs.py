@@ -315,6 +315,48 @@ def test_tool_env_shows_a_bounded_number_of_parse_errors(tiny_tokenizer, max_err
     assert [r.split("\n</tool_response>")[0] for r in responses] == expected
 
 
+def test_tool_env_malformed_calls_answer_ends_the_episode_as_trl_does(tiny_tokenizer):
+    # malformed_calls="answer" is TRL's tool loop: a response with a malformed call is plain text, so
+    # the final answer, and none of its calls run (here a well-formed one beside the broken one).
+    ran = []
+
+    @tool
+    def record(word: str) -> str:
+        """Record a word.
+
+        Args:
+            word: any word
+        """
+        ran.append(word)
+        return word
+
+    def episode(env, text):
+        async def run():
+            await env.reset(TASK)
+            return await env.step(act(tiny_tokenizer, text))
+
+        return asyncio.run(run())
+
+    broken = call("record", word="cat") + "\n<tool_call>\n{not json}\n</tool_call> dog"
+    kwargs = {"system_prompt": "Answer with one word."}
+    ends = episode(ToolEnv(tiny_tokenizer, [record], malformed_calls="answer", **kwargs), broken)
+    assert ends.terminated and ends.observation is None and ran == []
+    assert ends.outcome_reward == 0.0 and ends.info["success"] is False  # the whole text is the answer
+    assert ends.info["answer"] == broken.strip()
+    assert ends.info["tool_counts"] == {"calls": 0, "parse_errors": 1, "tool_errors": 0, "near_misses": 0}
+    goes_on = episode(ToolEnv(tiny_tokenizer, [record], **kwargs), broken)  # the default: told, goes on
+    assert not goes_on.terminated and goes_on.observation is not None and ran == ["cat"]
+    assert goes_on.info["tool_counts"]["calls"] == 1 and goes_on.info["tool_counts"]["parse_errors"] == 1
+    fine = episode(
+        ToolEnv(tiny_tokenizer, [record], malformed_calls="answer", **kwargs), call("record", word="dog")
+    )
+    assert not fine.terminated and ran == ["cat", "dog"]  # a well-formed call still runs
+    with pytest.raises(
+        ValueError, match=r"ToolEnv: malformed_calls must be one of \('error', 'answer'\), got 'x'"
+    ):
+        ToolEnv(tiny_tokenizer, [record], malformed_calls="x")
+
+
 def test_tool_env_custom_answer_extraction_and_scorer(tiny_tokenizer):
     import re
 

@@ -6,8 +6,8 @@ One step = one model response (Agent-R1, arXiv 2511.14460: the action is the who
 2. Calls or malformed calls (parse errors): the calls run concurrently (``ToolSet.execute``, outputs cut
    to ``max_tool_output_chars``); results and errors go back to the model as chat messages; the
    context policy builds the next prompt (a policy that asks the model for a summary returns that
-   call, which becomes a step of its own: ``StepResult.policy_steps``). A malformed call is never
-   taken as the final answer.
+   call, which becomes a step of its own: ``StepResult.policy_steps``). By default a malformed
+   call is never taken as the final answer (``malformed_calls`` below changes that).
    A response cut by ``max_tokens`` inside a call gets an extra error saying so. The model reads at
    most ``max_errors_shown`` parse errors per response, then one line saying how many more there were:
    a policy that falls into repeating ``<tool_call>`` thirty times would otherwise get thirty error
@@ -15,7 +15,10 @@ One step = one model response (Agent-R1, arXiv 2511.14460: the action is the who
    A near miss — no call in the format's syntax, but plainly one in a spelling it does not accept
    (``<TOOL_CALL>``, the call JSON in a code fence, ``action:`` in lower case; see the format's
    ``near_miss``) — is, with ``near_miss="hint"`` (the default), one error that shows the correct form.
-   With ``near_miss="strict"`` it is the final answer, as the format's rules alone say.
+   With ``near_miss="strict"`` it is the final answer, as the format's rules alone say. With
+   ``malformed_calls="answer"`` a response with any malformed call is the final answer too (none of
+   its calls run), as in TRL's tool loop, whose parser falls back to plain text: the episode ends,
+   scored like any answer, instead of the model being told and going on.
 3. No tool activity: the response is the final answer. ``extract_answer(text)`` pulls the answer
    out (default: the whole text, stripped), ``outcome_reward(answer, task)`` scores it, and the
    episode terminates with ``StepResult.outcome_reward`` set. An answer of None scores 0.
@@ -62,6 +65,7 @@ StepReward = Callable[[ParsedResponse, Sequence[ToolResult], Task], float]
 
 CUT_OFF_ERROR = "the response was cut off at the token limit before the tool call was complete"
 NEAR_MISS_MODES = ("hint", "strict")
+MALFORMED_CALL_MODES = ("error", "answer")
 TOOL_COUNTS = ("calls", "parse_errors", "tool_errors", "near_misses")
 """The keys of ``Step.info["tool_counts"]``."""
 
@@ -106,6 +110,9 @@ class ToolEnv(AgentEnv):
             in ``info["tool_counts"]`` in both modes.
         max_errors_shown: parse errors the model reads per response (>= 1); the rest are one message
             that says how many were not shown. ``None``: every error.
+        malformed_calls: ``"error"`` (default): each malformed call is an error observation and the
+            episode goes on; ``"answer"``: a response with one is the final answer, its well-formed
+            calls not run (TRL's tool loop; ``info["tool_counts"]["calls"]`` then counts 0 for it).
     """
 
     def __init__(
@@ -126,6 +133,7 @@ class ToolEnv(AgentEnv):
         success_threshold: float = 1.0,
         near_miss: Literal["hint", "strict"] = "hint",
         max_errors_shown: int | None = 1,
+        malformed_calls: Literal["error", "answer"] = "error",
     ) -> None:
         require_chat_template(tokenizer)
         if max_turns < 1:
@@ -134,6 +142,10 @@ class ToolEnv(AgentEnv):
             raise ValueError(f"ToolEnv: near_miss must be one of {NEAR_MISS_MODES}, got {near_miss!r}")
         if max_errors_shown is not None and (isinstance(max_errors_shown, bool) or max_errors_shown < 1):
             raise ValueError(f"ToolEnv: max_errors_shown must be >= 1 or None, got {max_errors_shown!r}")
+        if malformed_calls not in MALFORMED_CALL_MODES:
+            raise ValueError(
+                f"ToolEnv: malformed_calls must be one of {MALFORMED_CALL_MODES}, got {malformed_calls!r}"
+            )
         self.tokenizer = tokenizer
         self.tools = tools if isinstance(tools, ToolSet) else ToolSet(tools)
         self.format = get_format(format) if isinstance(format, str) else format
@@ -148,6 +160,7 @@ class ToolEnv(AgentEnv):
         self.success_threshold = success_threshold
         self.near_miss = near_miss
         self.max_errors_shown = max_errors_shown
+        self.malformed_calls = malformed_calls
         self._task: Task | None = None
         self._messages: tuple[Message, ...] = ()
         self._prompt_ids: tuple[int, ...] = ()
@@ -203,20 +216,23 @@ class ToolEnv(AgentEnv):
         self._turn += 1
         content = self._content(action)
         parsed = self.format.parse(content)
+        malformed = len(parsed.errors)
         near_miss = self.format.near_miss(content) if parsed.is_final else None
+        if near_miss is not None and self.near_miss == "hint":
+            parsed = ParsedResponse(parsed.content, (), (near_miss,))
+        if parsed.errors and self.malformed_calls == "answer":
+            parsed = ParsedResponse(parsed.content)
         info: dict[str, Any] = {
             "turn": self._turn,
             "tool_counts": {
                 "calls": len(parsed.calls),
-                "parse_errors": len(parsed.errors),
+                "parse_errors": malformed,
                 "tool_errors": 0,
                 "near_misses": int(near_miss is not None),
             },
         }
         if near_miss is not None:
             info["near_miss"] = near_miss
-            if self.near_miss == "hint":
-                parsed = ParsedResponse(parsed.content, (), (near_miss,))
         assistant = {"role": "assistant", "content": content}
 
         if parsed.is_final:

@@ -35,7 +35,9 @@ Differences that remain (each one TRL's design, kept as it is):
   so the loop stops and the text is scored as the final answer (reward 0). agent-r1's ``ToolEnv``
   answers it with an error message and the episode goes on (up to the max turns). Printed: TRL's
   share of rollouts that ended on a response that is neither a call nor an answer, agent-r1's
-  parse errors per rollout.
+  parse errors per rollout. ``--variant env.kwargs.malformed_calls=answer`` adds an agent-r1 row
+  under TRL's rule (``ToolEnv(malformed_calls="answer")``: such a response is the final answer);
+  held-out success is measured with the default env for every model either way.
 - A tool that raises: TRL sends ``str({'error': message})``, agent-r1 its error text.
 - The tool's JSON schema: TRL always passes ``tools=`` to the chat template, which renders the
   schema block; the quickstart's env renders none (its system prompt describes the calculator,
@@ -217,7 +219,9 @@ def run_agent_r1(model, tokenizer, tasks: list[dict], args, run_dir: Path, overr
         config,
         tokenizer=tokenizer,
         model=model,
-        env_factory=functools.partial(arithmetic.make_env, tokenizer, max_turns=config.rollout.max_steps),
+        env_factory=functools.partial(
+            arithmetic.make_env, tokenizer, max_turns=config.rollout.max_steps, **config.env.kwargs
+        ),
         train_tasks=tasks,
     )
     # The weights after every iteration (a ~1M-parameter model: cheap), so that held-out success can
@@ -239,6 +243,8 @@ def run_agent_r1(model, tokenizer, tasks: list[dict], args, run_dir: Path, overr
         return statistics.mean(r.get(key, 0.0) for r in rows)
 
     turns = mean("steps_per_trajectory/mean")
+    ends = config.env.kwargs.get("malformed_calls") == "answer"
+    handled = "each ended its rollout, as in TRL" if ends else "each answered, episode goes on"
     phases = ", ".join(f"{p} {mean('time/' + p):.2f}s" for p in ("rollout", "reference", "update"))
     return {
         **clock.gaps(),
@@ -247,8 +253,7 @@ def run_agent_r1(model, tokenizer, tasks: list[dict], args, run_dir: Path, overr
         "model": trainer.model,
         "snapshots": snapshots,
         "loop": f"{turns:.2f} turns, {mean('tools/calls_per_step') * turns:.2f} calls and "
-        f"{mean('tools/parse_errors_per_step') * turns:.3f} parse errors (each answered, episode goes on) "
-        f"per rollout; "
+        f"{mean('tools/parse_errors_per_step') * turns:.3f} parse errors ({handled}) per rollout; "
         f"{mean('train/tokens'):.0f} trained tokens per iteration; phases per iteration: {phases}",
     }
 

@@ -78,6 +78,17 @@ def _tuple_of_floats(values: Iterable[float]) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
+def _metrics(metrics: Mapping[str, float], owner: str) -> dict[str, float]:
+    """``metrics`` as ``{str: float}`` (a bool counts 0 or 1); a name that is not a string or a value
+    that is not a number raises, naming both (a counter the trainer cannot average is a bug in the env)."""
+    checked = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not isinstance(value, int | float):
+            raise TypeError(f"{owner}.metrics: {name!r} must be a str naming a number, got {value!r}")
+        checked[name] = float(value)
+    return checked
+
+
 def _float_to_json(x: float) -> float | str:
     # JSON has no NaN / inf; keep them losslessly as strings.
     return x if math.isfinite(x) else repr(x)
@@ -230,6 +241,9 @@ class StepResult:
     transition and wants trained (a summary of the history, ``agent_r1.envs.context``); the flow puts
     them into the trajectory right after this step, in order. Each carries its own immediate reward;
     the outcome reaches them, like any step, through the advantage estimator.
+    ``metrics``: numbers the environment counts for this step (an invalid action, a win), copied to
+    ``Step.metrics``; the trainer logs each name as ``env/<name>``, the mean over the steps of the
+    batch that report it (so a name reported on the last step only is a per-trajectory rate).
     """
 
     observation: Observation | None
@@ -239,11 +253,13 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
     outcome_reward: float | None = None
     policy_steps: tuple[Step, ...] = ()
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.observation is None and not (self.terminated or self.truncated):
             raise ValueError("StepResult.observation may only be None when the episode has ended")
         object.__setattr__(self, "policy_steps", tuple(self.policy_steps))
+        object.__setattr__(self, "metrics", _metrics(self.metrics, "StepResult"))
 
 
 @dataclass(frozen=True)
@@ -254,6 +270,7 @@ class Step:
     ``0`` for tokens it did not choose (e.g. forced by a tool-call format repair). ``state_key``
     optionally names the state for step-grouped baselines (GiGPO's anchor states); by default the
     estimators compare ``prompt_ids``. ``policy_version`` is the learner version that sampled it.
+    ``metrics`` are the environment's counters for this step (``StepResult.metrics``).
     """
 
     prompt_ids: tuple[int, ...]
@@ -269,8 +286,10 @@ class Step:
     policy_version: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", _metrics(self.metrics, "Step"))
         object.__setattr__(self, "prompt_ids", _tuple_of_ints(self.prompt_ids))
         object.__setattr__(self, "response_ids", _tuple_of_ints(self.response_ids))
         object.__setattr__(self, "logprobs", _tuple_of_floats(self.logprobs))
@@ -299,6 +318,7 @@ class Step:
             "policy_version": self.policy_version,
             "info": self.info,
             "timings": self.timings,
+            "metrics": self.metrics,
         }
 
     @classmethod

@@ -462,3 +462,13 @@ def test_envs_and_flows_are_exported_at_the_top_level():
     assert all(getattr(agent_r1, name) is not None for name in agent_r1.__all__)
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = agent_r1.Nope
+
+
+def test_an_adapter_whose_package_is_missing_names_the_extra_to_install():
+    from agent_r1.envs.ecosystem import MissingPackageError, require
+
+    with pytest.raises(
+        MissingPackageError, match=r"env 'x' needs the 'no_such_pkg_xyz' package: pip install 'agent-r1\[x\]'"
+    ):
+        require("no_such_pkg_xyz.sub", "x", "env 'x'")
+    assert require("json", "x", "env 'x'").dumps(1) == "1"

@@ -136,3 +136,16 @@ def test_jsonl_round_trip_is_lossless(tmp_path_factory, group):
             assert s0.prompt_ids == s1.prompt_ids and s0.response_ids == s1.response_ids
             for a, b in zip(s0.logprobs, s1.logprobs, strict=True):
                 assert (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def test_step_metrics_are_numbers_kept_through_json_and_averaged_as_env_metrics():
+    from agent_r1.train.trainer import env_metrics
+
+    step = Step((1,), (2,), (0.0,), metrics={"win": True, "invalid": 2})
+    assert step.metrics == {"win": 1.0, "invalid": 2.0}
+    assert Step.from_dict(step.to_dict()) == step
+    with pytest.raises(TypeError, match="'bad' must be a str naming a number"):
+        StepResult(None, terminated=True, metrics={"bad": "x"})
+    other = Step((1,), (2,), (0.0,), metrics={"invalid": 0})
+    # each name is averaged over the steps that report it: "win" only on one step -> 1.0, not 0.5
+    assert env_metrics([step, other, Step((1,), (2,), (0.0,))]) == {"env/invalid": 1.0, "env/win": 1.0}

@@ -295,6 +295,7 @@ class AgentEnvLoop(AgentFlow):
                         policy_version=completion.policy_version or 0,
                         info=dict(result.info),
                         timings={"generate": generate_s, "env_step": env_step_s},
+                        metrics=result.metrics,
                     )
                 )
                 steps.extend(result.policy_steps)

@@ -92,7 +92,7 @@ from agent_r1.train.learner import MASKABLE_KERNELS, MiniBatch, TokenLoss, load_
 from agent_r1.train.process import apply_process_settings
 from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.run_dir import RunDir
-from agent_r1.types import Task, Trajectory, TrajectoryGroup, TrajectoryStatus
+from agent_r1.types import Step, Task, Trajectory, TrajectoryGroup, TrajectoryStatus
 
 __all__ = ["Trainer", "evaluate", "evaluation_metrics", "score_groups", "train", "trajectory_success"]
 
@@ -117,6 +117,15 @@ def prefix_pair_cost(config: TrainConfig, model_config, device: torch.device | s
 
 
 RewardFn = Callable[[Trajectory, Task], float]
+
+
+def env_metrics(steps: list[Step]) -> dict[str, float]:
+    """``env/<name>``: the mean of each ``Step.metrics`` name over the steps that report it."""
+    reported: dict[str, list[float]] = {}
+    for step in steps:
+        for name, value in step.metrics.items():
+            reported.setdefault(name, []).append(value)
+    return {f"env/{name}": _mean(values) for name, values in sorted(reported.items())}
 
 
 def trajectory_success(trajectory: Trajectory) -> bool:
@@ -753,6 +762,7 @@ class Trainer:
             metrics["context/summary_steps_per_trajectory"] = _mean(summaries)
         metrics.update(tool_count_metrics(steps))
         metrics.update(gateway_metrics(ok))
+        metrics.update(env_metrics(steps))
         return {name: value for name, value in metrics.items() if not math.isnan(value)}
 
     def staleness_metrics(self, groups: list[TrajectoryGroup]) -> dict[str, float]:

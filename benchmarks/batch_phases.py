@@ -18,7 +18,6 @@ Compare two versions of the trainer by running this script against each in one s
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import platform
 import statistics
@@ -106,15 +105,22 @@ def main() -> None:
         )
         trainer = Trainer(config, tokenizer=tokenizer, model=model, train_tasks=[{"question": "1+1"}])
         trainer.learner = NoModelLearner(trainer.learner)
-        takes_step = "step" in inspect.signature(trainer.prepare).parameters
         seconds: dict[str, list[float]] = {"prepare": [], "advantage": [], "update": []}
         for _ in range(repeats):
             start = time.perf_counter()
-            batch = trainer.prepare(groups, 1) if takes_step else trainer.prepare(groups)
-            prepared = time.perf_counter()
-            advantages = trainer.advantages(batch)
-            estimated = time.perf_counter()
-            trainer.update(batch, advantages, 1)
+            if hasattr(trainer, "prepare"):  # an older trainer: one prepare, advantages apart
+                batch = trainer.prepare(groups, 1)
+                prepared = time.perf_counter()
+                advantages = trainer.advantages(batch)
+                estimated = time.perf_counter()
+                trainer.update(batch, advantages, 1)
+            else:  # the batch phases of agent_r1.train.batch
+                batch, _ = trainer.old_logprobs(trainer.batch(groups, 1))
+                batch = trainer.values(trainer.reference(batch))
+                prepared = time.perf_counter()
+                batch = trainer.advantages(batch)
+                estimated = time.perf_counter()
+                trainer.update(batch, 1)
             updated = time.perf_counter()
             seconds["prepare"].append(prepared - start)
             seconds["advantage"].append(estimated - prepared)

@@ -223,7 +223,10 @@ def run_agent_r1(folder: Path, tasks: list[dict], args, run_dir: Path, overrides
         for key in (
             "time/rollout",
             "time/score",
+            "time/batch",
+            "time/old_logprobs",
             "time/reference",
+            "time/values",
             "time/advantage",
             "time/update",
             "time/sync",

@@ -88,8 +88,9 @@ from agent_r1.commands import quickstart
 from agent_r1.models.tiny import build_tiny_tokenizer
 from agent_r1.tasks import arithmetic, get_task
 from agent_r1.train.config import apply_overrides, config_from_dict
+from agent_r1.train.evaluation import evaluate
 from agent_r1.train.sft import replay_demonstrations
-from agent_r1.train.trainer import Trainer, evaluate
+from agent_r1.train.trainer import Trainer
 
 progress = progress_printer("vs_trl_multiturn")
 TOOLS_BLOCK = "{%- if tools %}"  # the chat template's branch that renders the tools' JSON schemas

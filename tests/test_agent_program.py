@@ -12,9 +12,10 @@ import torch
 from doubles import ScriptedEngine
 
 from agent_r1.envs import make_env
-from agent_r1.envs.agent_program import AgentProgramEnv, AgentResult, gateway_metrics
+from agent_r1.envs.agent_program import AgentProgramEnv, AgentResult
 from agent_r1.flows.base import AgentEnvLoop
 from agent_r1.train.config import config_from_dict
+from agent_r1.train.summary import env_metrics
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import SamplingParams, Trajectory, TrajectoryStatus
 
@@ -232,4 +233,5 @@ def test_learning_through_the_gateway(tiny_checkpoint, tmp_path):
         for line in (tmp_path / "trajectories" / "step_000006.jsonl").read_text().splitlines()
     ]
     trajectories = [Trajectory.from_dict({k: v for k, v in r.items() if k != "type"}) for r in records]
-    assert gateway_metrics(trajectories) == {"gateway/exact_fraction": 1.0}
+    assert env_metrics(s for t in trajectories for s in t.steps) == {"gateway/exact_fraction": 1.0}
+    assert all(t.steps[-1].metrics == {"gateway/exact_fraction": 1.0} for t in trajectories)

@@ -22,6 +22,7 @@ from agent_r1.algos import (
     KLConfig,
     OffPolicyConfig,
     PolicyLossConfig,
+    TokenFields,
     get_advantage_estimator,
     get_kl_estimator,
     get_loss_aggregation,
@@ -37,6 +38,7 @@ from agent_r1.algos import (
 from agent_r1.train.builders import policy_objective
 from agent_r1.train.config import ConfigError, load_config
 from agent_r1.train.trainer import Trainer
+from agent_r1.train.update import loss_weights
 
 SEEN: dict[str, list] = {"advantage": [], "loss": [], "kl": [], "aggregation": [], "off_policy": []}
 
@@ -154,13 +156,14 @@ def test_the_objective_hands_the_policy_loss_and_kl_sections_to_the_functions_un
     SEEN["loss"].clear()
     SEEN["kl"].clear()
     n = 5
-    tokens = {
-        "mask": torch.ones(n),
-        "advantages": torch.linspace(-1, 1, n),
-        "sampler_logprobs": torch.full((n,), -1.0),
-        "ref_logprobs": torch.full((n,), -2.0),
-        "step_ids": torch.tensor([0, 0, 1, 1, 1]),
-    }
+    tokens = TokenFields(
+        mask=torch.ones(n),
+        step_ids=torch.tensor([0, 0, 1, 1, 1]),
+        traj_ids=torch.zeros(n, dtype=torch.long),
+        sampler_logprobs=torch.full((n,), -1.0),
+        ref_logprobs=torch.full((n,), -2.0),
+        advantages=torch.linspace(-1, 1, n),
+    )
     logprobs = torch.full((n,), -1.5, requires_grad=True)
     loss_K, _ = objective(logprobs, None, tokens)
     ((cfg, seq_ids),) = SEEN["loss"]
@@ -272,24 +275,26 @@ def test_the_trainer_passes_step_ids_to_gspo_and_seq_mean_where_steps_and_trajec
     trainer = Trainer(config, train_tasks=tasks(2))
     groups = trainer.rollout(trainer_tasks := tasks(2), 1)
     kept, _ = trainer.filter(trainer.score(groups, trainer_tasks))
-    batch = trainer.prepare(kept, 1)
+    batch = trainer.batch(kept, 1)
     tokens = batch.tokens
-    step_T, traj_T = tokens["step_ids"], tokens["traj_ids"]
+    step_T, traj_T = tokens.step_ids, tokens.traj_ids
     rows = batch.rows
     expected_step = [r for r, s in enumerate(rows.steps) for _ in s.response_ids]
     assert step_T.tolist() == expected_step
     assert traj_T.tolist() == [rows.trajectory_index[r] for r in expected_step]
     assert step_T.unique().numel() > traj_T.unique().numel()  # steps and trajectories differ
     # Steps merged into one sequence each: a packed row is not what the loss groups by.
-    assert len(batch.all_micro_batches) >= 1 and sum(len(s.spans) > 1 for s in _sequences(batch)) > 0
+    # one mini-batch, far under the micro-batch token budget: one micro-batch holds every sequence
+    assert [len(mini) for mini in batch.micro_batches] == [1]
+    assert sum(len(s.spans) > 1 for s in _sequences(batch)) > 0
 
-    weights_T = trainer._weights(tokens["mask"], tokens)
-    live_steps = step_T[tokens["mask"] > 0].unique()
+    weights_T = loss_weights(tokens.mask, tokens, trainer.config)
+    live_steps = step_T[tokens.mask > 0].unique()
     per_step = torch.zeros(len(rows.steps)).index_add_(0, step_T, weights_T)[live_steps]
     torch.testing.assert_close(per_step, torch.full_like(per_step, 1 / len(live_steps)))
 
     SEEN["loss"].clear()
-    trainer.update(batch, trainer.advantages(batch), 1)
+    trainer.update(trainer.advantages(batch), 1)
     trainer.close()
     seen_steps = torch.cat([ids for _, ids in SEEN["loss"]])
     assert sorted(seen_steps.tolist()) == sorted(step_T.tolist())  # every token once, with its step id

@@ -39,7 +39,7 @@ from update_parity import (
     record_optimizer_steps,
 )
 
-from agent_r1.algos import aggregation_weights, clipped_value_loss
+from agent_r1.algos import TokenFields, aggregation_weights, clipped_value_loss
 from agent_r1.distributed.learner_group import LearnerWorker, shard_micro_batches
 from agent_r1.train.backends import export_weights
 from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
@@ -88,16 +88,17 @@ def _mini_batch(seed: int, budget: int) -> MiniBatch:
     n = rows.num_tokens
     seq_ids = torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids])
     mask = torch.ones(n)
-    tokens = {
-        "mask": mask,
-        "step_ids": seq_ids,
-        "sampler_logprobs": torch.full((n,), -5.0),
-        "old_logprobs": torch.full((n,), -5.6),  # some ratios leave the clip range
-        "advantages": torch.linspace(-1, 1, n),
-        "old_values": torch.zeros(n),
-        "returns": torch.linspace(1, -0.5, n),
-        "value_mask": mask,
-    }
+    tokens = TokenFields(
+        mask=mask,
+        step_ids=seq_ids,
+        traj_ids=torch.zeros(n, dtype=torch.long),
+        sampler_logprobs=torch.full((n,), -5.0),
+        old_logprobs=torch.full((n,), -5.6),  # some ratios leave the clip range
+        advantages=torch.linspace(-1, 1, n),
+        old_values=torch.zeros(n),
+        returns=torch.linspace(1, -0.5, n),
+        value_mask=mask,
+    )
     weights = aggregation_weights(mask, "seq-mean-token-mean", seq_ids=seq_ids)
     micro_batches = make_micro_batches(build_sequences(trajectories), rows, budget, pair_cost=1e-3)
     assert any(mb.attention_BTT is not None for mb in micro_batches)
@@ -118,7 +119,7 @@ def _poisoned_on_rank_1(token_loss, rank: int):
 
 def _value_loss(values_K, _, tokens):
     loss_K, stats = clipped_value_loss(
-        values_K, tokens["old_values"], tokens["returns"], tokens["value_mask"], clip=0.2
+        values_K, tokens.old_values, tokens.returns, tokens.value_mask, clip=0.2
     )
     return loss_K, {name: float(v) for name, v in stats.items()}
 

@@ -75,14 +75,16 @@ def test_bf16_engine_and_learner_log_probs_agree_on_cuda(tiny_checkpoint, tmp_pa
     try:
         assert next(trainer.model.parameters()).dtype is torch.bfloat16
         groups = trainer.rollout(tasks(8), step=1)
-        batch = trainer.prepare(groups)  # two mini-batches: the learner recomputes the old log-probs
+        batch, _ = trainer.old_logprobs(
+            trainer.batch(groups, 1)
+        )  # two mini-batches: the learner recomputes the old log-probs
         with torch.no_grad():
             step = batch.rows.steps[0]
             ids = torch.tensor([list(step.prompt_ids) + list(step.response_ids)], device="cuda")
             max_logit = float(trainer.model(input_ids=ids).logits.float().abs().max())
     finally:
         trainer.close()
-    gap = (batch.tokens["old_logprobs"] - batch.tokens["sampler_logprobs"]).abs()
+    gap = (batch.tokens.old_logprobs - batch.tokens.sampler_logprobs).abs()
     assert gap.numel() > 100
     assert float(gap.max()) <= 4 * 2**-8 * max_logit, (float(gap.max()), max_logit)
 

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from agent_r1.algos import aggregation_weights
+from agent_r1.algos import TokenFields, aggregation_weights
 from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
 from agent_r1.train.config import ModelConfig, TrainerConfig, config_from_dict
 from agent_r1.train.learner import Learner, MiniBatch, load_policy, lr_lambda
@@ -32,17 +32,20 @@ def _mini_batch(trajectories, budget):
     n = rows.num_tokens
     mask = torch.ones(n)
     seq_ids = torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids])
-    tokens = {
-        "mask": mask,
-        "old_logprobs": torch.full((n,), -5.0),
-        "advantages": torch.linspace(-1, 1, n),
-    }
+    tokens = TokenFields(
+        mask=mask,
+        step_ids=seq_ids,
+        traj_ids=torch.zeros(n, dtype=torch.long),
+        sampler_logprobs=torch.full((n,), -5.0),
+        old_logprobs=torch.full((n,), -5.0),
+        advantages=torch.linspace(-1, 1, n),
+    )
     weights = aggregation_weights(mask, "seq-mean-token-mean", seq_ids=seq_ids)
     return MiniBatch(make_micro_batches(build_sequences(trajectories), rows, budget), weights, tokens)
 
 
 def _pg_loss(logprobs_K, entropy_K, tokens):
-    return -tokens["advantages"] * torch.exp(logprobs_K - tokens["old_logprobs"]), {"ratio": 1.0}
+    return -tokens.advantages * torch.exp(logprobs_K - tokens.old_logprobs), {"ratio": 1.0}
 
 
 def _learner(model, lr=1e-3):

@@ -19,8 +19,10 @@ from trainer_envs import tasks
 from agent_r1.cli import main
 from agent_r1.flows.base import short_traceback
 from agent_r1.train.config import ConfigError, config_from_dict, dump_config
+from agent_r1.train.evaluation import evaluate
 from agent_r1.train.health import TrainingHalted, error_summary, rollout_health
-from agent_r1.train.trainer import Trainer, evaluate
+from agent_r1.train.summary import rollout_metrics
+from agent_r1.train.trainer import Trainer
 from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus
 
 TESTS = str(Path(__file__).parent)
@@ -173,7 +175,7 @@ def test_an_env_whose_reset_always_raises_stops_the_run(tiny_checkpoint, tmp_pat
 def test_rollout_metrics_leave_out_means_over_no_trajectories(tiny_checkpoint, tmp_path):
     trainer = Trainer(_config(tiny_checkpoint, tmp_path), train_tasks=tasks(4))
     try:
-        metrics = trainer.rollout_metrics(trainer.rollout(tasks(2), step=1))
+        metrics = rollout_metrics(trainer.rollout(tasks(2), step=1), trainer.policy_version)
     finally:
         trainer.close()
     assert metrics["rollout/error_fraction"] == 1.0

@@ -105,7 +105,8 @@ def test_train_summaries_false_keeps_todays_untrained_summary(model, tiny_tokeni
 
 def test_one_update_reaches_the_summary_tokens(tiny_checkpoint, tmp_path):
     from agent_r1.train.config import config_from_dict
-    from agent_r1.train.trainer import Advantages, Trainer
+    from agent_r1.train.summary import rollout_metrics
+    from agent_r1.train.trainer import Trainer
 
     config = config_from_dict(
         {
@@ -129,13 +130,16 @@ def test_one_update_reaches_the_summary_tokens(tiny_checkpoint, tmp_path):
     try:
         (group,) = trainer.rollout(tasks(1), step=1)
         assert [summary_rows(t) for t in group.trajectories] == [[2], [2]]
-        assert trainer.rollout_metrics([group])["context/summary_steps_per_trajectory"] == 1.0
+        assert rollout_metrics([group], 0)["context/summary_steps_per_trajectory"] == 1.0
         # One sample succeeds, one fails: GRPO credits the outcome to every step, the summary included.
         won, lost = (
             replace(t, outcome_reward=r) for t, r in zip(group.trajectories, (1.0, 0.0), strict=True)
         )
-        batch = trainer.prepare([replace(group, trajectories=(won, lost))], step=1)
-        advantages = trainer.advantages(batch)
+        batch = trainer.advantages(trainer.batch([replace(group, trajectories=(won, lost))], step=1))
+        advantages = batch.tokens.advantages
+        # GRPO with its defaults: (G - mean) / (unbiased std + 1e-6) of the two returns, on every step
+        returns = torch.tensor([won.total_reward, lost.total_reward])
+        expected_won, expected_lost = ((returns - returns.mean()) / (returns.std() + 1e-6)).tolist()
         rows = batch.rows
         summary_tokens = {}
         for row, step in enumerate(rows.steps):
@@ -143,17 +147,17 @@ def test_one_update_reaches_the_summary_tokens(tiny_checkpoint, tmp_path):
                 summary_tokens[rows.trajectory_index[row]] = torch.tensor(list(rows.token_index(row)))
         first_tokens = [torch.tensor(list(rows.token_index(rows.trajectory_index.index(t)))) for t in (0, 1)]
         for t, index in summary_tokens.items():
-            assert bool((batch.tokens["mask"][index] == 1).all())
-            expected = advantages.advantages[first_tokens[t]][0]
-            assert float(expected) != 0 and bool((advantages.advantages[index] == expected).all())
-        assert float(advantages.advantages[summary_tokens[0]][0]) > 0
+            assert bool((batch.tokens.mask[index] == 1).all())
+            expected = (expected_won, expected_lost)[t]
+            torch.testing.assert_close(advantages[first_tokens[t]][0], torch.tensor(expected))
+            assert bool((advantages[index] == advantages[first_tokens[t]][0]).all())
         # An update whose only advantage is on the winning sample's summary raises that summary's
         # log-prob: a first-order step along its gradient (so the gradient reaches those tokens).
         index = summary_tokens[0]
-        only_summary = torch.zeros_like(advantages.advantages)
-        only_summary[index] = advantages.advantages[index]
+        only_summary = torch.zeros_like(advantages)
+        only_summary[index] = advantages[index]
         before = trainer.learner.logprobs(batch.all_micro_batches, rows.num_tokens)[index].sum()
-        trainer.update(batch, Advantages(only_summary, advantages.returns), step=1)
+        trainer.update(batch.with_tokens(advantages=only_summary), step=1)
         after = trainer.learner.logprobs(batch.all_micro_batches, rows.num_tokens)[index].sum()
         assert after > before
     finally:

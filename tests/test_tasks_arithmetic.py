@@ -133,4 +133,7 @@ def test_demonstrations_replay_through_tool_env(tiny_tokenizer):
     assert ar.SYSTEM_PROMPT in prompt and "# Tools" not in prompt
     assert len(first.steps[0].prompt_ids) < 200
     imperfect = replay_demonstrations(env_factory, tiny_tokenizer, tasks, ar.demonstrate, seed=0)
-    assert 0.3 < sum(t.outcome_reward for t in imperfect) / len(tasks) < 0.9
+    # Seeded: the same 11 of 40 go wrong every run, each a large product answered after one call.
+    failed = [(task, t) for task, t in zip(tasks, imperfect, strict=True) if t.outcome_reward == 0.0]
+    assert sum(t.outcome_reward for t in imperfect) == 29.0 and len(failed) == 11
+    assert all(task["a"] * task["b"] >= ar.PREMATURE_PRODUCT and len(t.steps) == 2 for task, t in failed)

@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from agent_r1.envs import ToolEnv
 from agent_r1.envs.context import encode_text
-from agent_r1.envs.tool_env import tool_count_metrics
 from agent_r1.flows.base import rollout_groups
 from agent_r1.report import load_run, render_html
 from agent_r1.report.html import chart_groups
 from agent_r1.tasks.arithmetic import make_dataset
 from agent_r1.tools import get_format, tool
 from agent_r1.train.config import config_from_dict
+from agent_r1.train.summary import env_metrics, rollout_metrics
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Action, Step, StopReason, Trajectory, write_jsonl
 
@@ -408,21 +408,32 @@ def test_tool_env_near_miss_mode_is_checked(tiny_tokenizer):
 # -------------------------------------------------------------------------- trainer metrics and report
 
 
-def test_tool_count_metrics_average_over_the_steps_that_report_counts():
-    def step(info):
-        return Step(prompt_ids=(1,), response_ids=(2,), logprobs=(0.0,), info=info)
+def test_tool_counts_are_step_metrics_averaged_over_the_steps_that_report_them(tiny_tokenizer):
+    env = ToolEnv(tiny_tokenizer, [lookup])
+    asyncio.run(env.reset({"prompt": "What is a dog?", "answer": "x"}))
+    call = '<tool_call>{"name": "lookup", "arguments": {"word": "dog"}}</tool_call>'
+    result = asyncio.run(env.step(Action(call + " <tool_call>{oops</tool_call>", ())))
+    assert result.metrics == {
+        "tools/calls_per_step": 1.0,
+        "tools/parse_errors_per_step": 1.0,
+        "tools/tool_errors_per_step": 0.0,
+        "tools/near_misses_per_step": 0.0,
+    }
+
+    def step(metrics):
+        return Step(prompt_ids=(1,), response_ids=(2,), logprobs=(0.0,), metrics=metrics)
 
     steps = [
-        step({"tool_counts": counts(calls=2, tool_errors=1)}),
-        step({"tool_counts": counts(near_misses=1)}),
+        step({f"tools/{k}_per_step": v for k, v in counts(calls=2, tool_errors=1).items()}),
+        step({f"tools/{k}_per_step": v for k, v in counts(near_misses=1).items()}),
     ]
-    assert tool_count_metrics([*steps, step({})]) == {
+    assert env_metrics([*steps, step({})]) == {
         "tools/calls_per_step": 1.0,
+        "tools/near_misses_per_step": 0.5,
         "tools/parse_errors_per_step": 0.0,
         "tools/tool_errors_per_step": 0.5,
-        "tools/near_misses_per_step": 0.5,
     }
-    assert tool_count_metrics([step({})]) == {}
+    assert env_metrics([step({})]) == {}
 
 
 @pytest.mark.parametrize("mode", ["hint", "strict"])
@@ -450,7 +461,7 @@ def test_trainer_takes_the_mode_from_env_kwargs_and_logs_the_counts(
         tiny_tokenizer, lambda prompt: "<answer>0</answer>" if "not a tool-call tag" in prompt else miss
     )
     groups = asyncio.run(rollout_groups(trainer.rollouts.flow, engine, tasks, 2))
-    metrics = trainer.rollout_metrics(groups)
+    metrics = rollout_metrics(groups, trainer.policy_version)
     for trajectory in groups[0].trajectories:
         near_misses = [s.info["tool_counts"]["near_misses"] for s in trajectory.steps]
         # hint: the near miss is answered, then the model answers; strict: it was the final answer

@@ -14,6 +14,7 @@ from agent_r1.cli import main
 from agent_r1.train.backends import export_weights
 from agent_r1.train.config import ConfigError, config_from_dict
 from agent_r1.train.learner import load_policy
+from agent_r1.train.summary import rollout_metrics
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus
 
@@ -85,7 +86,10 @@ def test_metrics_follow_the_run_directory_contract(trained):
         "time/rollout",
         "time/score",
         "time/filter",
+        "time/batch",
+        "time/old_logprobs",
         "time/reference",
+        "time/values",
         "time/advantage",
         "time/update",
         "time/sync",
@@ -118,7 +122,19 @@ def test_trajectory_dumps_carry_the_viewer_keys(trained, tiny_tokenizer):
     step = records[0]["steps"][0]
     assert step["info"]["prompt_text"] == tiny_tokenizer.decode(step["prompt_ids"])
     assert step["info"]["response_tokens"] == [tiny_tokenizer.decode([t]) for t in step["response_ids"]]
-    assert isinstance(step["info"]["advantage"], float)
+    # Each step's advantage is its trajectory's GRPO advantage (the default estimator, broadcast to
+    # every token): (G - mean) / (unbiased std + 1e-6) over its group. The viewer's value is the mean
+    # over the step's tokens of equal float32 values: within a few float32 ulps of |A| <= 2.
+    groups: dict[str, list[dict]] = {}
+    for record in records:
+        groups.setdefault(record["group_id"], []).append(record)
+    assert len(groups) == 4
+    for members in groups.values():
+        returns = torch.tensor([sum(s["reward"] for s in r["steps"]) + r["outcome_reward"] for r in members])
+        expected = ((returns - returns.mean()) / (returns.std() + 1e-6)).tolist()
+        for record, advantage in zip(members, expected, strict=True):
+            for s in record["steps"]:
+                assert s["info"]["advantage"] == pytest.approx(advantage, abs=4e-6)
 
 
 def test_trajectories_cut_by_the_step_limit_are_counted(tiny_checkpoint, tmp_path):
@@ -128,7 +144,7 @@ def test_trajectories_cut_by_the_step_limit_are_counted(tiny_checkpoint, tmp_pat
     trainer = Trainer(config, train_tasks=tasks(2))
     try:
         groups = trainer.rollout(tasks(2), step=1)
-        metrics = trainer.rollout_metrics(groups)
+        metrics = rollout_metrics(groups, trainer.policy_version)
     finally:
         trainer.close()
     assert all(
@@ -155,12 +171,10 @@ def test_sampler_and_learner_log_probs_agree(trained):
     )  # the engine was closed by fit
     try:
         groups = trainer.rollout(tasks(2), step=99)
-        batch = trainer.prepare(groups)
+        batch, _ = trainer.old_logprobs(trainer.batch(groups, 1))
     finally:
         trainer.close()
-    torch.testing.assert_close(
-        batch.tokens["old_logprobs"], batch.tokens["sampler_logprobs"], atol=1e-4, rtol=0
-    )
+    torch.testing.assert_close(batch.tokens.old_logprobs, batch.tokens.sampler_logprobs, atol=1e-4, rtol=0)
 
 
 def _group(rewards, status=TrajectoryStatus.OK):
@@ -231,8 +245,12 @@ def test_kl_to_a_reference_model_is_reported(tiny_checkpoint, tmp_path):
     )
     trainer = Trainer(config, train_tasks=tasks(4))
     assert trainer.learner.policy.reference is not None
-    final = trainer.fit()
-    assert 0 <= final["kl/mean"] < 1
+    trainer.fit()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    kl = [r["kl/mean"] for r in rows if "kl/mean" in r]
+    # Step 1's only update starts from the reference's own weights: the KL is exactly 0; after one
+    # optimizer step the policy has moved, and the k-estimators are positive away from it.
+    assert kl[0] == 0.0 and kl[1] > 0
 
 
 def test_config_errors_name_the_key(tiny_checkpoint, tmp_path):
@@ -265,6 +283,8 @@ def test_critic_estimators_train_a_value_head_and_resume_it(tiny_checkpoint, tmp
     final = trainer.fit()
     assert final["update/skipped"] == 0 and final["critic/update_skipped"] == 0
     assert final["loss/value"] > 0 and "critic/value_error" in final
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["critic/value_mean"] == 0.0  # the head starts at zero: every value is exactly 0
     assert not torch.equal(trainer.learner.critic.model.head.weight, head_before)
     resumed = Trainer(
         replace(config, trainer=replace(config.trainer, steps=3)), train_tasks=tasks(4), resume=True
@@ -366,10 +386,12 @@ def test_bf16_sampler_and_learner_log_probs_agree_to_bf16_rounding(tiny_checkpoi
     try:
         assert next(trainer.model.parameters()).dtype is torch.bfloat16
         groups = trainer.rollout(tasks(8), step=1)
-        batch = trainer.prepare(groups)  # two mini-batches: the learner recomputes the old log-probs
+        batch, _ = trainer.old_logprobs(
+            trainer.batch(groups, 1)
+        )  # two mini-batches: the learner recomputes the old log-probs
     finally:
         trainer.close()
-    gap = (batch.tokens["old_logprobs"] - batch.tokens["sampler_logprobs"]).abs()
+    gap = (batch.tokens.old_logprobs - batch.tokens.sampler_logprobs).abs()
     with torch.no_grad():
         ids = torch.tensor([list(s.prompt_ids) + list(s.response_ids) for s in [batch.rows.steps[0]]])
         max_logit = float(trainer.model(input_ids=ids).logits.float().abs().max())

@@ -139,7 +139,7 @@ def test_jsonl_round_trip_is_lossless(tmp_path_factory, group):
 
 
 def test_step_metrics_are_numbers_kept_through_json_and_averaged_as_env_metrics():
-    from agent_r1.train.trainer import env_metrics
+    from agent_r1.train.summary import env_metrics
 
     step = Step((1,), (2,), (0.0,), metrics={"win": True, "invalid": 2})
     assert step.metrics == {"win": 1.0, "invalid": 2.0}

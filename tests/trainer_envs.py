@@ -100,8 +100,8 @@ class ReinforceObjective:
     scale: float = 1.0
 
     def __call__(self, logprobs_K, entropy_K, tokens):
-        loss_K = -self.scale * tokens["advantages"] * logprobs_K * tokens["mask"]
-        live = tokens["mask"] > 0
+        loss_K = -self.scale * tokens.advantages * logprobs_K * tokens.mask
+        live = tokens.mask > 0
         mean_logprob = float((logprobs_K.detach() * live).sum() / live.sum().clamp(min=1))
         return loss_K, {"custom/mean_logprob": mean_logprob}
 

@@ -48,6 +48,7 @@ from agent_r1.algos.policy_losses import (
 )
 from agent_r1.algos.registry import InvalidOption, Needs, Registry
 from agent_r1.algos.step_table import StepTable, step_rewards
+from agent_r1.algos.tokens import TokenFields
 from agent_r1.algos.value_losses import clipped_value_loss
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "PolicyObjective",
     "Registry",
     "StepTable",
+    "TokenFields",
     "ValueObjective",
     "aggregate",
     "aggregation_weights",

@@ -2,15 +2,14 @@
 
 A learner (in this process, or each worker of a Ray learner group) calls an objective as
 ``objective(outputs_K, entropy_K, tokens) -> (loss_K, stats)`` on a micro-batch's scored tokens, with
-the batch's per-token fields gathered to them (``tokens["old_logprobs"]``, ``tokens["advantages"]``,
-``tokens["mask"]``, ``tokens["step_ids"]``, ``tokens["traj_ids"]``, ...). Because an objective is plain data plus a ``__call__``, it travels to remote
-workers as it is: any picklable callable of that signature — a custom one included — trains on Ray
-exactly as in one process.
+the batch's per-token fields gathered to them (``tokens``: a ``TokenFields``, ``tokens.advantages``,
+``tokens.mask``, ``tokens.old_logprobs``...). Because an objective is plain data plus a ``__call__``,
+it travels to remote workers as it is: any picklable callable of that signature — a custom one
+included — trains on Ray exactly as in one process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +17,7 @@ from torch import Tensor
 
 from agent_r1.algos.kl import KLConfig, kl_penalty
 from agent_r1.algos.policy_losses import PolicyLossConfig, get_policy_loss
+from agent_r1.algos.tokens import TokenFields
 from agent_r1.algos.value_losses import clipped_value_loss
 
 __all__ = ["PolicyObjective", "ValueObjective"]
@@ -26,12 +26,13 @@ __all__ = ["PolicyObjective", "ValueObjective"]
 @dataclass(frozen=True)
 class PolicyObjective:
     """The per-token policy objective: the registered policy loss ``loss.name`` (with ``loss``'s
-    settings, times ``tokens["off_policy_weight"]`` when the trainer corrects for the sampler) + ``kl.coef`` x KL to the reference (GRPO's KL loss term, estimator ``kl.estimator``;
-    only with ``kl.penalty: loss`` — the reward penalty is applied to the advantages instead)
-    - ``entropy_coef`` x entropy (the entropy bonus of Mnih et al. 2016, arXiv 1602.01783; LLM RL
-    usually keeps 0 and only logs the entropy), on the live (mask > 0) tokens.
+    settings, times ``tokens.off_policy_weight`` when the trainer corrects for the sampler) +
+    ``kl.coef`` x KL to the reference (GRPO's KL loss term, estimator ``kl.estimator``; only with
+    ``kl.penalty: loss`` — the reward penalty is applied to the advantages instead) - ``entropy_coef``
+    x entropy (the entropy bonus of Mnih et al. 2016, arXiv 1602.01783; LLM RL usually keeps 0 and
+    only logs the entropy), on the live (mask > 0) tokens.
 
-    Without ``tokens["old_logprobs"]`` (one optimizer step per batch: the policy has not moved since
+    With ``tokens.old_logprobs`` None (one optimizer step per batch: the policy has not moved since
     the rollout) the old log-probs are the new ones, detached, so the first ratio is exactly 1."""
 
     loss: PolicyLossConfig = PolicyLossConfig()
@@ -43,23 +44,23 @@ class PolicyObjective:
         return self.kl.coef > 0 and self.kl.penalty == "loss"
 
     def __call__(
-        self, logprobs_K: Tensor, entropy_K: Tensor | None, tokens: Mapping[str, Tensor]
+        self, logprobs_K: Tensor, entropy_K: Tensor | None, tokens: TokenFields
     ) -> tuple[Tensor, dict[str, float]]:
-        old_logprobs_K = tokens["old_logprobs"] if "old_logprobs" in tokens else logprobs_K.detach()
+        old_logprobs_K = logprobs_K.detach() if tokens.old_logprobs is None else tokens.old_logprobs
         loss_K, stats = get_policy_loss(self.loss.name)(
             logprobs_K,
             old_logprobs_K,
-            tokens["advantages"],
-            tokens["mask"],
+            tokens.advantages,
+            tokens.mask,
             self.loss,
-            seq_ids=tokens["step_ids"],
+            seq_ids=tokens.step_ids,
         )
-        if "off_policy_weight" in tokens:  # the step's off-policy correction (agent_r1.algos.off_policy)
-            loss_K = loss_K * tokens["off_policy_weight"]
-        live_K = tokens["mask"] > 0
+        if tokens.off_policy_weight is not None:  # the off-policy correction (agent_r1.algos.off_policy)
+            loss_K = loss_K * tokens.off_policy_weight
+        live_K = tokens.mask > 0
         denom = live_K.sum().clamp(min=1)
         if self.uses_reference:
-            kl_K = kl_penalty(logprobs_K, tokens["ref_logprobs"], self.kl.estimator)
+            kl_K = kl_penalty(logprobs_K, tokens.ref_logprobs, self.kl.estimator)
             loss_K = loss_K + self.kl.coef * torch.where(live_K, kl_K, torch.zeros_like(kl_K))
             stats["kl/mean"] = (kl_K.detach() * live_K).sum() / denom
         if entropy_K is not None:
@@ -73,16 +74,16 @@ class PolicyObjective:
 
 @dataclass(frozen=True)
 class ValueObjective:
-    """``coef`` x PPO's clipped value loss of the critic's values against ``tokens["returns"]`` on the
-    tokens of ``tokens["value_mask"]`` (``clip``: the value clip range; None = unclipped)."""
+    """``coef`` x PPO's clipped value loss of the critic's values against ``tokens.returns`` on the
+    tokens of ``tokens.value_mask`` (``clip``: the value clip range; None = unclipped)."""
 
     coef: float = 0.5
     clip: float | None = 0.2
 
     def __call__(
-        self, values_K: Tensor, entropy_K: Tensor | None, tokens: Mapping[str, Tensor]
+        self, values_K: Tensor, entropy_K: Tensor | None, tokens: TokenFields
     ) -> tuple[Tensor, dict[str, float]]:
         loss_K, stats = clipped_value_loss(
-            values_K, tokens["old_values"], tokens["returns"], tokens["value_mask"], clip=self.clip
+            values_K, tokens.old_values, tokens.returns, tokens.value_mask, clip=self.clip
         )
         return self.coef * loss_K, {f"critic/{name}": float(v) for name, v in stats.items()}

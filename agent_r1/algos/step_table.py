@@ -56,9 +56,9 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
-from agent_r1.types import TrajectoryGroup, TrajectoryStatus
+from agent_r1.types import Trajectory, TrajectoryGroup, TrajectoryStatus
 
-__all__ = ["PerStep", "PerToken", "StepTable", "step_rewards"]
+__all__ = ["PerStep", "PerToken", "StepColumns", "StepTable", "step_rewards"]
 
 PerStep = Tensor | Sequence[float]
 """Per-step values for ``from_groups``: a (N,) tensor or one number per step, in table row order."""
@@ -181,17 +181,7 @@ class StepTable:
         per-token values are given in the same row order. Raises ValueError on a trajectory with
         status ERROR (the caller drops those; see the module docstring).
         """
-        traj_index: list[int] = []
-        group_index: list[int] = []
-        step_index: list[int] = []
-        reward: list[float] = []
-        outcome: list[float] = []
-        done: list[bool] = []
-        state_index: list[int] = []
-        masks: list[Sequence[int]] = []
-        logprobs: list[Sequence[float]] = []
-        states: dict[tuple, int] = {}
-        num_traj = 0
+        columns = StepColumns()
         for g, group in enumerate(groups):
             for t, trajectory in enumerate(group.trajectories):
                 if trajectory.status is TrajectoryStatus.ERROR:
@@ -199,32 +189,68 @@ class StepTable:
                         f"StepTable.from_groups: group {g} ({group.group_id!r}) trajectory {t} has status "
                         f"ERROR ({trajectory.error!r}); drop ERROR trajectories before building the table"
                     )
-                if not trajectory.steps:
-                    continue
-                for k, step in enumerate(trajectory.steps):
-                    key = ("key", step.state_key) if step.state_key is not None else ("ids", step.prompt_ids)
-                    traj_index.append(num_traj)
-                    group_index.append(g)
-                    step_index.append(k)
-                    reward.append(step.reward)
-                    outcome.append(trajectory.outcome_reward)
-                    done.append(k == len(trajectory.steps) - 1)
-                    state_index.append(states.setdefault((g, key), len(states)))
-                    masks.append(step.response_mask)
-                    logprobs.append(step.logprobs)
-                num_traj += 1
-        n = len(traj_index)
-        width = max((len(m) for m in masks), default=0)
-        return cls(
-            traj_index=torch.tensor(traj_index, dtype=torch.long),
-            group_index=torch.tensor(group_index, dtype=torch.long),
-            step_index=torch.tensor(step_index, dtype=torch.long),
-            reward=torch.tensor(reward, dtype=torch.float32),
-            outcome_reward=torch.tensor(outcome, dtype=torch.float32),
-            done=torch.tensor(done, dtype=torch.bool),
-            state_index=torch.tensor(state_index, dtype=torch.long),
-            response_mask=_pad_rows(masks, width, "response_mask"),
-            old_logprobs=_pad_rows(logprobs, width, "old_logprobs"),
+                columns.add(g, trajectory)
+        return columns.table(token_values=token_values, step_values=step_values, ref_logprobs=ref_logprobs)
+
+
+class StepColumns:
+    """The step table's columns, filled one trajectory at a time (``add``) and tensorised once
+    (``table``): ``StepTable.from_groups`` and the trainer's batch (``agent_r1.train.batch``, which
+    walks the same trajectories for its token layout in the same pass) build tables with it.
+
+    Trajectories without steps add no rows and take no trajectory index: ``traj_index`` counts the
+    trajectories added with steps, in order (``num_trajectories``)."""
+
+    def __init__(self) -> None:
+        self.traj_index: list[int] = []
+        self.group_index: list[int] = []
+        self.step_index: list[int] = []
+        self.reward: list[float] = []
+        self.outcome: list[float] = []
+        self.done: list[bool] = []
+        self.state_index: list[int] = []
+        self.masks: list[Sequence[int]] = []
+        self.logprobs: list[Sequence[float]] = []
+        self._states: dict[tuple, int] = {}
+        self.num_trajectories = 0
+
+    def add(self, group: int, trajectory: Trajectory) -> None:
+        """The rows of ``trajectory`` (of group ``group``), one per step."""
+        if not trajectory.steps:
+            return
+        last = len(trajectory.steps) - 1
+        for k, step in enumerate(trajectory.steps):
+            key = ("key", step.state_key) if step.state_key is not None else ("ids", step.prompt_ids)
+            self.traj_index.append(self.num_trajectories)
+            self.group_index.append(group)
+            self.step_index.append(k)
+            self.reward.append(step.reward)
+            self.outcome.append(trajectory.outcome_reward)
+            self.done.append(k == last)
+            self.state_index.append(self._states.setdefault((group, key), len(self._states)))
+            self.masks.append(step.response_mask)
+            self.logprobs.append(step.logprobs)
+        self.num_trajectories += 1
+
+    def table(
+        self,
+        *,
+        token_values: PerToken | None = None,
+        step_values: PerStep | None = None,
+        ref_logprobs: PerToken | None = None,
+    ) -> StepTable:
+        n = len(self.traj_index)
+        width = max((len(m) for m in self.masks), default=0)
+        return StepTable(
+            traj_index=torch.tensor(self.traj_index, dtype=torch.long),
+            group_index=torch.tensor(self.group_index, dtype=torch.long),
+            step_index=torch.tensor(self.step_index, dtype=torch.long),
+            reward=torch.tensor(self.reward, dtype=torch.float32),
+            outcome_reward=torch.tensor(self.outcome, dtype=torch.float32),
+            done=torch.tensor(self.done, dtype=torch.bool),
+            state_index=torch.tensor(self.state_index, dtype=torch.long),
+            response_mask=_pad_rows(self.masks, width, "response_mask"),
+            old_logprobs=_pad_rows(self.logprobs, width, "old_logprobs"),
             step_values=None if step_values is None else _per_step(step_values, n, "step_values"),
             ref_logprobs=None if ref_logprobs is None else _per_token(ref_logprobs, n, width, "ref_logprobs"),
             token_values=None if token_values is None else _per_token(token_values, n, width, "token_values"),

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config, list(args.overrides))
-        from agent_r1.train.trainer import evaluate
+        from agent_r1.train.evaluation import evaluate
 
         model = None
         if args.checkpoint:

@@ -27,7 +27,9 @@ served one at a time, in arrival order.
 
 ``Step.info["gateway"]`` is the call's record info (``prompt``: ``"extends"`` or ``"fresh"`` with
 ``fresh_reason``; ``tool_calls``, ``tool_parse_errors``, ``near_miss``, ``tool_choice_unmet``,
-``client_disconnected``); the last step also has ``exact_fraction`` (``gateway.exact_fraction``).
+``client_disconnected``); the last step also has ``exact_fraction`` (``gateway.exact_fraction``), and
+reports it as the metric ``gateway/exact_fraction`` (``StepResult.metrics``: the trainer's mean over the
+trajectories whose agent returned after two calls or more).
 An agent that raises or outlives ``timeout_s`` ends the episode with the trajectory's status ERROR and
 the agent's traceback.
 """
@@ -38,7 +40,7 @@ import asyncio
 import inspect
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +49,9 @@ from transformers import PreTrainedTokenizerBase
 from agent_r1.envs.base import AgentEnv
 from agent_r1.envs.registry import load_entry_point
 from agent_r1.rollout.gateway import CallRecord, Gateway, GatewaySession, PendingCall, exact_fraction
-from agent_r1.types import Action, Observation, SamplingParams, StepResult, Task, Trajectory
+from agent_r1.types import Action, Observation, SamplingParams, StepResult, Task
 
-__all__ = ["AgentProgramEnv", "AgentProgramError", "AgentResult", "gateway_metrics"]
+__all__ = ["AgentProgramEnv", "AgentProgramError", "AgentResult"]
 
 
 @dataclass(frozen=True)
@@ -217,8 +219,16 @@ class AgentProgramEnv(AgentEnv):
                 observation=Observation(token_ids=following.prompt_ids), reward=reward, info=info
             )
         outcome, success, agent_info = await self._score(self._agent_result())
-        info.update(agent_info, success=success, exact_fraction=exact_fraction(self._session.records))
-        return StepResult(observation=None, reward=reward, terminated=True, info=info, outcome_reward=outcome)
+        share = exact_fraction(self._session.records)
+        info.update(agent_info, success=success, exact_fraction=share)
+        return StepResult(
+            observation=None,
+            reward=reward,
+            terminated=True,
+            info=info,
+            outcome_reward=outcome,
+            metrics={} if share is None else {"gateway/exact_fraction": share},
+        )
 
     async def close(self) -> None:
         task, self._agent_task = self._agent_task, None
@@ -228,14 +238,3 @@ class AgentProgramEnv(AgentEnv):
         if self._session is not None:
             self.gateway.close_session(self._session)
         await self.gateway.stop()
-
-
-def gateway_metrics(trajectories: Iterable[Trajectory]) -> dict[str, float]:
-    """``gateway/exact_fraction``: the mean over trajectories (of two steps or more) of the share of
-    steps whose prompt extended an earlier call exactly; no key when no trajectory went through the
-    gateway, so env rollouts add no empty chart."""
-    shares = [
-        exact_fraction(t.steps) for t in trajectories if t.steps and all("gateway" in s.info for s in t.steps)
-    ]
-    shares = [s for s in shares if s is not None]
-    return {"gateway/exact_fraction": sum(shares) / len(shares)} if shares else {}

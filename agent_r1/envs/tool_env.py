@@ -30,7 +30,8 @@ token ids built by the context policy (``append`` by default, see ``agent_r1.env
 
 ``Step.info`` keys: ``turn``; ``tool_counts`` on every step (``{"calls", "parse_errors", "tool_errors",
 "near_misses"}``: well-formed calls, malformed calls, calls whose result is an error, and 1 when the
-response is a near miss — in either mode — else 0; ``tool_count_metrics`` averages them);
+response is a near miss — in either mode — else 0; each is also the step's metric
+``tools/<count>_per_step``, ``StepResult.metrics``, which the trainer averages over the steps);
 ``near_miss`` (the message) when there is one; ``tool_calls`` ([{"name", "arguments"}]),
 ``tool_results`` ([str], what the model reads, per call), ``tool_errors`` ([str]: malformed calls or the
 near-miss message, then the contents of calls that failed); ``context`` (the policy's report); on the
@@ -56,9 +57,9 @@ from agent_r1.envs.context import (
 )
 from agent_r1.models.loading import require_chat_template
 from agent_r1.tools import ParsedResponse, Tool, ToolCallFormat, ToolResult, ToolSet, get_format
-from agent_r1.types import Action, Message, Observation, Step, StepResult, StopReason, Task
+from agent_r1.types import Action, Message, Observation, StepResult, StopReason, Task
 
-__all__ = ["NEAR_MISS_MODES", "TOOL_COUNTS", "ToolEnv", "exact_match", "tool_count_metrics"]
+__all__ = ["NEAR_MISS_MODES", "TOOL_COUNTS", "ToolEnv", "exact_match"]
 
 OutcomeReward = Callable[[str, Task], float]
 StepReward = Callable[[ParsedResponse, Sequence[ToolResult], Task], float]
@@ -68,15 +69,6 @@ NEAR_MISS_MODES = ("hint", "strict")
 MALFORMED_CALL_MODES = ("error", "answer")
 TOOL_COUNTS = ("calls", "parse_errors", "tool_errors", "near_misses")
 """The keys of ``Step.info["tool_counts"]``."""
-
-
-def tool_count_metrics(steps: Iterable[Step]) -> dict[str, float]:
-    """``tools/<count>_per_step``: the mean of each ``info["tool_counts"]`` entry over the steps that
-    report them (ToolEnv's); no keys when none does, so envs without tools add no empty charts."""
-    counts = [s.info["tool_counts"] for s in steps if "tool_counts" in s.info]
-    if not counts:
-        return {}
-    return {f"tools/{key}_per_step": sum(c[key] for c in counts) / len(counts) for key in TOOL_COUNTS}
 
 
 def exact_match(answer: str, task: Task) -> float:
@@ -246,6 +238,7 @@ class ToolEnv(AgentEnv):
                 terminated=True,
                 info=info,
                 outcome_reward=outcome,
+                metrics=_count_metrics(info),
             )
 
         errors = list(parsed.errors)
@@ -260,7 +253,9 @@ class ToolEnv(AgentEnv):
         reward = self._step_reward(parsed, results, task)
         if self._turn >= self.max_turns:
             info.update(truncated=f"max_turns={self.max_turns} reached", success=False)
-            return StepResult(observation=None, reward=reward, truncated=True, info=info)
+            return StepResult(
+                observation=None, reward=reward, truncated=True, info=info, metrics=_count_metrics(info)
+            )
 
         previous = PreviousTurn(self._prompt_ids, action.token_ids, num_messages=len(self._messages))
         observation_messages = self.format.observation_messages(results, self._shown(errors) + cut_off)
@@ -275,6 +270,7 @@ class ToolEnv(AgentEnv):
             reward=reward,
             info=info,
             policy_steps=prompt.steps,
+            metrics=_count_metrics(info),
         )
 
     def _shown(self, errors: list[str]) -> list[str]:
@@ -287,3 +283,8 @@ class ToolEnv(AgentEnv):
 
     def _step_reward(self, parsed: ParsedResponse, results: Sequence[ToolResult], task: Task) -> float:
         return 0.0 if self.step_reward is None else float(self.step_reward(parsed, results, task))
+
+
+def _count_metrics(info: dict[str, Any]) -> dict[str, float]:
+    """``info["tool_counts"]`` as the step's metrics, ``tools/<count>_per_step``."""
+    return {f"tools/{key}_per_step": float(value) for key, value in info["tool_counts"].items()}

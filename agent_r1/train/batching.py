@@ -1,4 +1,5 @@
-"""Trajectories -> training sequences -> token-budget micro-batches (DESIGN.md, consequence 4).
+"""Trajectories -> training sequences -> token-budget micro-batches (docs/training.md, "Step-level
+batching").
 
 Step-level semantics at concatenation cost: when step t+1's prompt starts with step t's prompt +
 response (the usual "append" context), both steps become ONE training sequence and each step keeps its
@@ -62,6 +63,7 @@ __all__ = [
     "pack_trees",
     "share_prefixes",
     "step_rows",
+    "trajectory_sequences",
 ]
 
 
@@ -122,25 +124,32 @@ def build_sequences(trajectories: Sequence[Trajectory], *, merge: bool = True) -
     sequences: list[TrainSequence] = []
     row = 0
     for trajectory in trajectories:
-        tokens: list[int] = []
-        spans: list[StepSpan] = []
-        for step in trajectory.steps:
-            prompt = step.prompt_ids
-            extends = (
-                merge and tokens and len(prompt) >= len(tokens) and tuple(tokens) == prompt[: len(tokens)]
-            )
-            if not extends and tokens:
-                sequences.append(TrainSequence(tuple(tokens), tuple(spans)))
-                tokens, spans = [], []
-            tokens.extend(prompt[len(tokens) :])
-            if not tokens:
-                raise ValueError(f"step row {row} has an empty prompt: nothing to condition on")
-            if step.response_ids:
-                spans.append(StepSpan(row, len(tokens), len(step.response_ids)))
-            tokens.extend(step.response_ids)
-            row += 1
-        if tokens:
+        sequences += trajectory_sequences(trajectory, row, merge=merge)
+        row += len(trajectory.steps)
+    return sequences
+
+
+def trajectory_sequences(
+    trajectory: Trajectory, first_row: int, *, merge: bool = True
+) -> list[TrainSequence]:
+    """``build_sequences`` of one trajectory whose first step is step row ``first_row``."""
+    sequences: list[TrainSequence] = []
+    tokens: list[int] = []
+    spans: list[StepSpan] = []
+    for row, step in enumerate(trajectory.steps, first_row):
+        prompt = step.prompt_ids
+        extends = merge and tokens and len(prompt) >= len(tokens) and tuple(tokens) == prompt[: len(tokens)]
+        if not extends and tokens:
             sequences.append(TrainSequence(tuple(tokens), tuple(spans)))
+            tokens, spans = [], []
+        tokens.extend(prompt[len(tokens) :])
+        if not tokens:
+            raise ValueError(f"step row {row} has an empty prompt: nothing to condition on")
+        if step.response_ids:
+            spans.append(StepSpan(row, len(tokens), len(step.response_ids)))
+        tokens.extend(step.response_ids)
+    if tokens:
+        sequences.append(TrainSequence(tuple(tokens), tuple(spans)))
     return [s for s in sequences if s.spans]
 
 

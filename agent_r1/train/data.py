@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DataError", "TaskSampler", "check_fields", "load_tasks"]
+__all__ = ["DataError", "TaskSampler", "check_fields", "config_tasks", "load_tasks"]
 
 
 class DataError(ValueError):
@@ -158,3 +158,29 @@ class TaskSampler:
             range(len(self.tasks)), min(k, len(self.tasks))
         )
         return [self.tasks[i] for i in picks]
+
+
+def config_tasks(config, given: Any, key: str) -> list[dict]:
+    """The tasks of ``key`` (``data.train`` or ``data.val``) of a ``TrainConfig``: ``given`` (a list of
+    task dicts, or any ``load_tasks`` source) or else the configured source, with
+    ``data.required_fields`` checked; the validation tasks cut to ``data.max_val_tasks``. A data
+    error names the key."""
+    from agent_r1.train.config import ConfigError
+
+    data = config.data
+    split, source = (data.split, data.train) if key == "data.train" else (data.val_split, data.val)
+    if isinstance(given, (list, tuple)):
+        tasks = [dict(t) for t in given]
+        check_fields(tasks, data.required_fields, key)
+    elif given is not None:
+        tasks = load_tasks(given, split=split, required_fields=data.required_fields)
+    elif not source:
+        raise ConfigError(key, "no tasks: set it to a .parquet/.jsonl/.json file or dataset (or pass tasks)")
+    else:
+        try:
+            tasks = load_tasks(source, split=split, required_fields=data.required_fields)
+        except DataError as error:
+            raise DataError(f"{key}: {error}") from None
+    if key == "data.val" and data.max_val_tasks:
+        tasks = tasks[: data.max_val_tasks]
+    return tasks

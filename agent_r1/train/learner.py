@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agent_r1.algos.tokens import TokenFields
 from agent_r1.train import segment_attention
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import ModelConfig, TrainerConfig
@@ -184,10 +185,10 @@ Forward = Callable[..., tuple[Tensor, Tensor | None]]
 """``(model, micro_batch, temperature, *, with_entropy=False) -> (outputs_K, entropy_K | None)``: the
 per-token outputs a learner trains (log-probs for the policy, ``micro_batch_values`` for a critic)."""
 
-TokenLoss = Callable[[Tensor, Tensor | None, Mapping[str, Tensor]], tuple[Tensor, dict[str, float]]]
+TokenLoss = Callable[[Tensor, Tensor | None, TokenFields], tuple[Tensor, dict[str, float]]]
 """``(logprobs_K, entropy_K, tokens) -> (loss_K, stats)``: the per-token loss of a micro-batch's tokens,
 given their new log-probs, entropies (or None) and the batch's per-token fields gathered to them
-(``tokens["old_logprobs"]``, ``tokens["advantages"]``, ...). ``stats`` holds scalars averaged over the
+(``tokens.advantages``, ``tokens.old_logprobs``...: ``agent_r1.algos.TokenFields``). ``stats`` holds scalars averaged over the
 micro-batch's tokens (e.g. the clip fraction); the update reports their token-weighted mean."""
 
 
@@ -197,7 +198,7 @@ class MiniBatch:
 
     micro_batches: Sequence[MicroBatch]
     weights: Tensor  # (num_tokens,) global aggregation weights, 0 on tokens outside this mini-batch
-    tokens: Mapping[str, Tensor]  # name -> (num_tokens,) in the batch's flat token order
+    tokens: TokenFields  # (num_tokens,) each, in the batch's flat token order
 
 
 class GradientSync:
@@ -353,7 +354,7 @@ class Learner:
                     logprobs_K, entropy_K = self.forward(
                         module, mb, self.temperature, with_entropy=with_entropy
                     )
-                    tokens = {name: t[mb.flat_index_K].to(device) for name, t in mini_batch.tokens.items()}
+                    tokens = mini_batch.tokens.gather(mb.flat_index_K, device)
                     loss_K, stats = token_loss(logprobs_K, entropy_K, tokens)
                     loss = (weights_K * loss_K).sum()
                     if not torch.isfinite(loss):

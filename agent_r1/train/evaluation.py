@@ -1,0 +1,82 @@
+"""Evaluation: the policy's mean reward and success rate on the validation tasks, written once and
+used by the trainer (``Trainer.evaluate``, with its own rollout backend) and by ``agent-r1 eval``
+(``evaluate``, which builds only the rollout side: no learner, no optimizer, no reference)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent_r1.flows.base import AgentFlow
+from agent_r1.train.config import ConfigError, TrainConfig
+from agent_r1.train.data import config_tasks
+from agent_r1.train.health import rollout_health
+from agent_r1.train.summary import RewardFn, evaluation_metrics, score_groups
+from agent_r1.types import Task, TrajectoryGroup
+
+__all__ = ["evaluate", "evaluate_rollouts"]
+
+
+def evaluate_rollouts(
+    rollouts,
+    tasks: Sequence[Task],
+    config: TrainConfig,
+    step: int,
+    *,
+    reward_fn: RewardFn | None = None,
+    check: Callable[[list[TrajectoryGroup]], None] | None = None,
+) -> dict[str, float]:
+    """``rollout.eval_n`` samples of every task on a rollout backend's evaluation flow, seeded by
+    (seed, step): ``eval/reward``, ``eval/success`` and ``eval/error_fraction`` (an ERROR trajectory
+    counts as 0). ``check(groups)`` applies the error budget (default: ``rollout_health``'s, raised)."""
+    base = f"{config.trainer.seed}:eval:{step}"
+    groups = rollouts.collect(rollouts.submit(tasks, config.rollout.eval_n, base, evaluation=True))
+    if check is not None:
+        check(groups)
+    else:
+        halt = rollout_health(groups, config.trainer.max_error_fraction, f"evaluation at step {step}")
+        if halt is not None:
+            raise halt
+    return evaluation_metrics(score_groups(groups, tasks, reward_fn))
+
+
+def evaluate(
+    config: TrainConfig,
+    *,
+    tokenizer=None,
+    model=None,
+    engine=None,
+    env_factory: Callable[[], Any] | None = None,
+    eval_flow: AgentFlow | None = None,
+    val_tasks: Any = None,
+    reward_fn: RewardFn | None = None,
+) -> dict[str, float]:
+    """Evaluate the configured policy (``model``, or ``model.path``) on ``data.val`` and return
+    eval/reward, eval/success, eval/error_fraction."""
+    from agent_r1.train.backends import local_rollout
+    from agent_r1.train.builders import load_config_tokenizer, resolve_device
+
+    if tokenizer is None:
+        tokenizer = load_config_tokenizer(config)
+    if val_tasks is None and not config.data.val:
+        raise ConfigError("data.val", "no validation tasks to evaluate on")
+    tasks = config_tasks(config, val_tasks, "data.val")
+    if not tasks:
+        raise ConfigError("data.val", "no validation tasks to evaluate on")
+    device = resolve_device(config)
+    if model is not None and engine is None:
+        model = model.to(device)
+    rollouts = local_rollout(
+        config,
+        tokenizer,
+        model=model,
+        engine=engine,
+        flow=eval_flow,
+        eval_flow=eval_flow,
+        make_env=env_factory,
+        device=device,
+    )
+    try:
+        return evaluate_rollouts(rollouts, tasks, config, 0, reward_fn=reward_fn)
+    finally:
+        rollouts.close()

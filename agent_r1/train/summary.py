@@ -1,0 +1,133 @@
+"""What a rollout's trajectories say, in numbers: the step's rollout metrics (one walk over the
+groups), the evaluation's, and the reward a ``reward_fn`` gives instead of the env's.
+
+Environment-specific counters are the environments' own: each ``Step.metrics`` name (``StepResult.metrics``)
+is averaged over the steps that report it — a name with a namespace (``tools/calls_per_step``) is
+logged as it is, a bare one (``invalid_actions``) as ``env/<name>``. Nothing here knows an env.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+
+from agent_r1.envs.context import SUMMARY_STEP_KEY
+from agent_r1.types import Step, Task, Trajectory, TrajectoryGroup, TrajectoryStatus
+
+__all__ = [
+    "RewardFn",
+    "env_metrics",
+    "evaluation_metrics",
+    "rollout_metrics",
+    "score_groups",
+    "trajectory_success",
+]
+
+RewardFn = Callable[[Trajectory, Task], float]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def trajectory_success(trajectory: Trajectory) -> bool:
+    """``info["success"]`` when the environment reports it, else a positive total reward."""
+    if "success" in trajectory.info:
+        return bool(trajectory.info["success"])
+    return trajectory.total_reward > 0
+
+
+def env_metrics(steps: Iterable[Step]) -> dict[str, float]:
+    """Each ``Step.metrics`` name's mean over the steps that report it (see the module docstring)."""
+    reported: dict[str, list[float]] = {}
+    for step in steps:
+        for name, value in step.metrics.items():
+            reported.setdefault(name if "/" in name else f"env/{name}", []).append(value)
+    return {name: _mean(values) for name, values in sorted(reported.items())}
+
+
+def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int) -> dict[str, float]:
+    """The rollout's means over its non-ERROR trajectories, its error and ending fractions, the
+    sampled tokens, the environments' own counters and (``async/*``) how many policy versions the
+    samples lag ``policy_version``, the version their update starts from. A mean over none is left
+    out, not logged as nan (``rollout/error_fraction`` says why it is missing)."""
+    total = errors = sampled = 0
+    rewards, successes, lengths, steps_per, truncated, step_limit, summaries = [], [], [], [], [], [], []
+    staleness, mixed = [], []
+    reported: list[Step] = []
+    for group in groups:
+        for t in group.trajectories:
+            total += 1
+            sampled += t.num_response_tokens
+            if t.steps:
+                versions = [s.policy_version for s in t.steps]
+                staleness += [policy_version - v for v in versions]
+                mixed.append(float(len(set(versions)) > 1))  # a weight update landed in it
+            if t.status is TrajectoryStatus.ERROR:
+                errors += 1
+                continue
+            rewards.append(t.total_reward)
+            successes.append(float(trajectory_success(t)))
+            steps_per.append(len(t.steps))
+            truncated.append(float(t.status is TrajectoryStatus.TRUNCATED))
+            # status OK covers both endings; these ran out of steps (the env's or the flow's limit)
+            step_limit.append(
+                float(t.status is TrajectoryStatus.OK and bool(t.steps) and t.steps[-1].truncated)
+            )
+            summary_steps = sum(SUMMARY_STEP_KEY in s.info for s in t.steps)
+            summaries.append(summary_steps)
+            lengths += [len(s.response_ids) for s in t.steps]
+            reported += [s for s in t.steps if s.metrics]
+    metrics = {
+        "reward/mean": _mean(rewards),
+        "success/mean": _mean(successes),
+        "response_length/mean": _mean(lengths),
+        "steps_per_trajectory/mean": _mean(steps_per),
+        "rollout/error_fraction": errors / max(total, 1),
+        "rollout/truncated_fraction": _mean(truncated),
+        "rollout/step_limit_fraction": _mean(step_limit),
+        "throughput/sampled_tokens": float(sampled),
+    }
+    if any(summaries):  # trained summary steps (``summarize``), counted in steps_per_trajectory too
+        metrics["context/summary_steps_per_trajectory"] = _mean(summaries)
+    if staleness:
+        metrics["async/staleness_mean"] = _mean(staleness)
+        metrics["async/staleness_max"] = float(max(staleness))
+        metrics["async/mixed_version_fraction"] = _mean(mixed)
+    metrics.update(env_metrics(reported))
+    return {name: value for name, value in metrics.items() if not math.isnan(value)}
+
+
+def score_groups(
+    groups: list[TrajectoryGroup], tasks: Sequence[Task], reward_fn: RewardFn | None
+) -> list[TrajectoryGroup]:
+    """``reward_fn(trajectory, task)`` as each non-ERROR trajectory's outcome reward (None: unchanged)."""
+    if reward_fn is None:
+        return groups
+    return [
+        replace(
+            g,
+            trajectories=tuple(
+                t
+                if t.status is TrajectoryStatus.ERROR
+                else replace(t, outcome_reward=float(reward_fn(t, task)))
+                for t in g.trajectories
+            ),
+        )
+        for g, task in zip(groups, tasks, strict=True)
+    ]
+
+
+def evaluation_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """``eval/reward`` and ``eval/success`` over every trajectory (ERROR ones count as 0) and
+    ``eval/error_fraction``."""
+    trajectories = [t for g in groups for t in g.trajectories]
+    ok = [t.status is not TrajectoryStatus.ERROR for t in trajectories]
+    return {
+        "eval/error_fraction": _mean([float(not k) for k in ok]),
+        "eval/reward": _mean([t.total_reward if k else 0.0 for t, k in zip(trajectories, ok, strict=True)]),
+        "eval/success": _mean(
+            [float(k and trajectory_success(t)) for t, k in zip(trajectories, ok, strict=True)]
+        ),
+    }

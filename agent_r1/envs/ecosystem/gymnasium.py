@@ -58,6 +58,7 @@ __all__ = [
     "InvalidAction",
     "TaxiText",
     "TextHook",
+    "parse_choice",
 ]
 
 EXTRA = "gymnasium"
@@ -81,8 +82,9 @@ class TextHook(Protocol):
     def parse(self, text: str, env: Any) -> Any: ...
 
 
-def _choose(text: str, choices: Mapping[str, int]) -> int:
-    """The action named by ``text`` (case and surrounding spaces and full stops ignored)."""
+def parse_choice(text: str, choices: Mapping[str, int]) -> int:
+    """The action named by ``text`` (case, surrounding spaces and full stops ignored); otherwise
+    ``InvalidAction`` listing the names. The built-in hooks' parser, for your own hooks too."""
     word = text.strip().strip(".").strip().lower()
     if word in choices:
         return choices[word]
@@ -109,7 +111,7 @@ class FrozenLakeText:
         return _grid_text(rows)
 
     def parse(self, text: str, env: Any) -> int:
-        return _choose(text, self.MOVES)
+        return parse_choice(text, self.MOVES)
 
 
 class TaxiText:
@@ -132,7 +134,7 @@ class TaxiText:
         return f"{_grid_text(rows)}\nPassenger {where}, destination {self.PADS[destination]}."
 
     def parse(self, text: str, env: Any) -> int:
-        return _choose(text, self.ACTIONS)
+        return parse_choice(text, self.ACTIONS)
 
 
 class BlackjackText:
@@ -150,7 +152,7 @@ class BlackjackText:
         return f"Your sum: {total}{ace}. Dealer shows: {'ace' if dealer == 1 else dealer}."
 
     def parse(self, text: str, env: Any) -> int:
-        return _choose(text, self.ACTIONS)
+        return parse_choice(text, self.ACTIONS)
 
 
 class CliffWalkingText:
@@ -172,7 +174,7 @@ class CliffWalkingText:
         return _grid_text(rows)
 
     def parse(self, text: str, env: Any) -> int:
-        return _choose(text, self.MOVES)
+        return parse_choice(text, self.MOVES)
 
     def success(self, reward: float, terminated: bool, info: dict[str, Any]) -> bool:
         return terminated
@@ -270,7 +272,9 @@ class GymnasiumEnv(AgentEnv):
         self.max_turns = max_turns if max_turns is not None else self.spec.max_episode_steps
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"GymnasiumEnv: max_turns must be >= 1 or null, got {max_turns}")
-        self.system_prompt = system_prompt if system_prompt is not None else getattr(self.hook, "instructions", None)
+        self.system_prompt = (
+            system_prompt if system_prompt is not None else getattr(self.hook, "instructions", None)
+        )
         self.invalid_action_reward = float(invalid_action_reward)
         self.env: Any = None
         self._messages: tuple[Message, ...] = ()
@@ -307,7 +311,9 @@ class GymnasiumEnv(AgentEnv):
         unknown = sorted(set(task) - set(TASK_FIELDS))
         where = f"task {task.get('id', '(no id)')!r}"
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {unknown} for a gymnasium task; known: {list(TASK_FIELDS)}")
+            raise ValueError(
+                f"{where}: unknown field(s) {unknown} for a gymnasium task; known: {list(TASK_FIELDS)}"
+            )
         make_kwargs = {**self.make_kwargs, **dict(task.get("make_kwargs") or {})}
         _check_render_mode(make_kwargs, f"{where} make_kwargs")
         try:
@@ -332,7 +338,9 @@ class GymnasiumEnv(AgentEnv):
     def _render(self, observation: Any, info: dict[str, Any]) -> str:
         text = self.hook.render(observation, info, self.env.unwrapped)
         if not isinstance(text, str):
-            raise TypeError(f"text hook {type(self.hook).__name__}.render returned {type(text).__name__}, not str")
+            raise TypeError(
+                f"text hook {type(self.hook).__name__}.render returned {type(text).__name__}, not str"
+            )
         return text
 
     def _content(self, action: Action) -> str:
@@ -376,7 +384,12 @@ class GymnasiumEnv(AgentEnv):
             info["success"] = success
             metrics.update({"return": self._return, "episode_success": float(success)})
             return StepResult(
-                None, reward, terminated=bool(terminated), truncated=not terminated, info=info, metrics=metrics
+                None,
+                reward,
+                terminated=bool(terminated),
+                truncated=not terminated,
+                info=info,
+                metrics=metrics,
             )
         assistant = {"role": "assistant", "content": content}
         previous = PreviousTurn(self._prompt_ids, action.token_ids, num_messages=len(self._messages))

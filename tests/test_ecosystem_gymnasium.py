@@ -317,3 +317,25 @@ def test_training_on_blackjack_end_to_end(tiny_checkpoint, tmp_path):
         assert 1 <= len(steps) <= 4 and "success" in record["info"]
         assert sum(s["reward"] for s in steps) == steps[-1]["metrics"]["return"]
         assert steps[-1]["terminated"] or steps[-1]["truncated"]
+
+
+@pytest.mark.slow
+def test_the_benchmark_arm_runs_quick():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eco_gymnasium.py"
+    spec = importlib.util.spec_from_file_location("eco_gymnasium", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    train, test = bench.make_tasks(30, split="train", seed=0), bench.make_tasks(30, split="test", seed=0)
+    maps = [tuple(t["make_kwargs"]["desc"]) for t in train], [tuple(t["make_kwargs"]["desc"]) for t in test]
+    assert not set(maps[0]) & set(maps[1]) and len(set(maps[0])) == 30
+    for task in test[:5]:  # the noiseless planner reaches G on every map
+        replies = bench.demonstrate(task, random.Random(0), error_rate=0.0)
+        _, _, results = play(replies, task, **bench.ENV_KWARGS)
+        assert results[-1].info["success"] is True and len(replies) == len(results) >= 6
+    result = bench.run(seed=0, quick=True)
+    assert {"env", "metric", "before", "after", "tasks", "rl_steps", "seconds"} <= set(result)
+    assert 0.0 <= result["before"] <= 1.0 and 0.0 <= result["after"] <= 1.0
+    assert result["tasks"] == 4 and result["rl_steps"] == 2

@@ -385,3 +385,13 @@ def test_training_the_race_class_end_to_end(tiny_checkpoint, tmp_path):
         last = record["steps"][-1]
         assert 1 <= len(record["steps"]) <= 2 and "trl_rewards" in last["info"]
         assert record["outcome_reward"] == last["info"]["trl_rewards"]["ascii_share"]
+
+
+@pytest.mark.slow
+def test_the_benchmark_arm_runs_quick():
+    import eco_trl
+
+    result = eco_trl.run(seed=0, quick=True)
+    assert {"env", "metric", "before", "after", "tasks", "rl_steps", "seconds"} <= set(result)
+    assert 0.0 <= result["before"] <= 1.0 and 0.0 <= result["after"] <= 1.0
+    assert result["tasks"] == 4 and result["rl_steps"] == 2 and result["trl_reward_calls"] > 48

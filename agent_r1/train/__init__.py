@@ -16,7 +16,7 @@ _EXPORTS = {
     "config_from_dict": "config",
     "Trainer": "trainer",
     "train": "trainer",
-    "evaluate": "trainer",
+    "evaluate": "evaluation",
     "Learner": "learner",
     "load_policy": "learner",
     "load_tasks": "data",

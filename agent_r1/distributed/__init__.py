@@ -2,8 +2,8 @@
 group, the Ray implementations of the trainer's rollout and learner backends. The only package that
 imports Ray; ``Trainer`` reaches it through ``distributed.backend: ray``."""
 
-from agent_r1.distributed.backends import absolute_paths, actor_runtime_env, ray_backends
 from agent_r1.distributed.learner_group import LearnerFailure, LearnerGroup
+from agent_r1.distributed.ray_backends import absolute_paths, actor_runtime_env, ray_backends
 from agent_r1.distributed.rollout_actor import RolloutFailure, RolloutPool
 
 __all__ = [

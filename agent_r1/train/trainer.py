@@ -271,7 +271,7 @@ class Trainer:
                     f"'ray' builds every model, engine and flow in its actors from the config; "
                     f"{', '.join(passed)} cannot be passed in (set env.name / env.kwargs instead)",
                 )
-            from agent_r1.distributed.backends import absolute_paths
+            from agent_r1.distributed.ray_backends import absolute_paths
 
             config = absolute_paths(config)
         self.config = config
@@ -296,7 +296,7 @@ class Trainer:
         if on_ray:
             from transformers import AutoConfig
 
-            from agent_r1.distributed.backends import ray_backends
+            from agent_r1.distributed.ray_backends import ray_backends
 
             model_config = AutoConfig.from_pretrained(config.model.path)
             learner_device = "cuda" if config.distributed.learner_num_gpus > 0 else "cpu"

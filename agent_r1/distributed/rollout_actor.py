@@ -136,14 +136,11 @@ class RolloutActor:
         """One trajectory, its start order within its group on this actor and when it finished
         (``time.time()``); a failing flow becomes an ERROR trajectory (as in ``rollout_group``)."""
         from agent_r1.flows.base import rollout_group
-        from agent_r1.train.backends import stamp_version
 
         flow = self.eval_flow if request.evaluation else self.flow
         engine = self._engine_for(request)
-        swaps, version = self.engine.swaps, self.engine.version
-        group = await rollout_group(flow, engine, request.task, 1, request.group_id)
-        if self.engine.swaps == swaps:  # sampled by one version, whatever the flow stamped
-            group = stamp_version(group, version)
+        watch = self.engine.watch()
+        group = watch.stamp(await rollout_group(flow, engine, request.task, 1, request.group_id))
         (trajectory,) = group.trajectories
         return trajectory, engine.order if engine.order is not None else -1, time.time()
 

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,7 +47,6 @@ __all__ = [
     "export_weights",
     "local_learner",
     "local_rollout",
-    "stamp_version",
 ]
 
 logger = logging.getLogger(__name__)
@@ -200,13 +199,10 @@ class LocalRollout:
         engine = SeededEngine(self.engine)  # one per job: a background job never shares its counters
         engine.reseed(job.seed_base)
         flow = self.eval_flow if job.evaluation else self.flow
-        swaps, version = self.engine.swaps, self.engine.version
+        watch = self.engine.watch()
         groups = await rollout_groups(flow, engine, job.tasks, job.n)
         job.finished = time.time()
-        if self.engine.swaps == swaps:
-            # No swap during the job: every step was sampled by ``version``, whatever the flow stamped.
-            groups = [stamp_version(g, version) for g in groups]
-        return groups
+        return [watch.stamp(g) for g in groups]
 
     def update_weights(self, weights: Callable[[], Any], version: int) -> None:
         """``weights``: a function returning ``(name, tensor)`` pairs (called only when the engine holds
@@ -245,17 +241,6 @@ class LocalRollout:
             if self._thread is not None:
                 self._thread.close()
                 self._thread = None
-
-
-def stamp_version(group: TrajectoryGroup, version: int) -> TrajectoryGroup:
-    """``group`` with every step's ``policy_version`` set to ``version``."""
-    return replace(
-        group,
-        trajectories=tuple(
-            replace(t, steps=tuple(replace(s, policy_version=version) for s in t.steps))
-            for t in group.trajectories
-        ),
-    )
 
 
 class LocalLearner:

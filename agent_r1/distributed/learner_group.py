@@ -140,17 +140,14 @@ class LearnerWorker:
 
     def save_checkpoint(self, directory: str, step: int, trainer_state: dict) -> str | None:
         """Rank 0 writes the checkpoint (the other ranks take part in gathering sharded state)."""
-        from agent_r1.train.checkpoint import save_checkpoint
+        from agent_r1.train.checkpoint import save_checkpoint, with_critic
 
         model, optimizer_state = self.strategy.full_state(self.learner, optimizer=True)
-        if self.critic is not None:  # stored as Trainer stores it: trainer_state["critic"]
+        if self.critic is not None:  # in the local learner's format
             critic, critic_optimizer = self.critic_strategy.full_state(self.critic, optimizer=True)
             if critic is not None:
                 critic_learner = {**self.critic.state_dict(), "optimizer": critic_optimizer}
-                trainer_state = {
-                    **trainer_state,
-                    "critic": {"model": critic.state_dict(), "learner": critic_learner},
-                }
+                trainer_state = with_critic(trainer_state, critic.state_dict(), critic_learner)
         if model is None:
             return None
         path = save_checkpoint(
@@ -166,10 +163,11 @@ class LearnerWorker:
 
     def load_checkpoint(self, path: str) -> dict:
         """Every rank loads checkpoint ``path``; returns the trainer state (without the critic's)."""
-        trainer_state = self.strategy.load_checkpoint(path, self.learner)
-        critic = trainer_state.pop("critic", None)
+        from agent_r1.train.checkpoint import split_critic
+
+        trainer_state, critic = split_critic(self.strategy.load_checkpoint(path, self.learner))
         if self.critic is not None:
-            self.critic_strategy.load_state(self.critic, critic["model"], critic["learner"])
+            self.critic_strategy.load_state(self.critic, *critic)
         return trainer_state
 
 

@@ -34,7 +34,7 @@ from agent_r1.flows.base import AgentFlow, rollout_groups
 from agent_r1.rollout.seeded import SeededEngine
 from agent_r1.rollout.versioned import VersionedEngine
 from agent_r1.train.batching import MicroBatch
-from agent_r1.train.checkpoint import load_checkpoint, save_checkpoint
+from agent_r1.train.checkpoint import load_checkpoint, save_checkpoint, split_critic, with_critic
 from agent_r1.train.learner import Learner, MiniBatch, TokenLoss
 from agent_r1.types import Task, TrajectoryGroup
 
@@ -274,10 +274,9 @@ class LocalLearner:
 
     def save_checkpoint(self, directory: Path, step: int, trainer_state: dict) -> Path:
         if self.critic is not None:
-            trainer_state = {
-                **trainer_state,
-                "critic": {"model": self.critic.model.state_dict(), "learner": self.critic.state_dict()},
-            }
+            trainer_state = with_critic(
+                trainer_state, self.critic.model.state_dict(), self.critic.state_dict()
+            )
         return save_checkpoint(
             directory,
             step,
@@ -291,10 +290,11 @@ class LocalLearner:
     def load_checkpoint(self, path: Path) -> dict:
         learner_state, trainer_state = load_checkpoint(path, self.policy.model, verify=False)
         self.policy.load_state_dict(learner_state)
-        critic = trainer_state.pop("critic", None)
+        trainer_state, critic = split_critic(trainer_state)
         if self.critic is not None:
-            self.critic.model.load_state_dict(critic["model"])
-            self.critic.load_state_dict(critic["learner"])
+            weights, critic_state = critic
+            self.critic.model.load_state_dict(weights)
+            self.critic.load_state_dict(critic_state)
         return trainer_state
 
     def close(self) -> None:

@@ -32,14 +32,7 @@ from ray.exceptions import RayActorError
 
 from agent_r1.train.backends import export_weights
 from agent_r1.train.batching import MicroBatch
-from agent_r1.train.builders import (
-    critic_learner,
-    critic_model_config,
-    estimator_needs,
-    load_config_tokenizer,
-    load_reference,
-    policy_learner,
-)
+from agent_r1.train.builders import build_learners, estimator_needs, load_config_tokenizer
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import MiniBatch, TokenLoss, load_policy
 from agent_r1.train.process import apply_process_settings
@@ -81,7 +74,7 @@ class LearnerWorker:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master_addr: str, master_port: int) -> int:
-        from agent_r1.distributed.strategy import make_strategy
+        from agent_r1.distributed.strategy import Strategy, make_strategy
 
         config = self.config
         os.environ["MASTER_ADDR"] = master_addr
@@ -96,22 +89,15 @@ class LearnerWorker:
         if config.distributed.torch_backend == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(config.trainer.seed)
-        model = load_policy(config.model)
-        self.strategy = make_strategy(
-            config.distributed.strategy, model, device, lambda: load_policy(config.model)
-        )
-        reference = load_reference(config, model, device)
-        self.learner = policy_learner(config, model, reference=reference, sync=self.strategy)
-        self.critic = None
-        if estimator_needs(config).critic is not None:
-            from agent_r1.train.critic import load_critic
 
-            critic_config = critic_model_config(config)
-            critic_model = load_critic(critic_config)
-            self.critic_strategy = make_strategy(
-                config.distributed.strategy, critic_model, device, lambda: load_critic(critic_config)
-            )
-            self.critic = critic_learner(config, critic_model, sync=self.critic_strategy)
+        def data_parallel(model, replica) -> Strategy:
+            return make_strategy(config.distributed.strategy, model, device, replica)
+
+        self.learner, self.critic = build_learners(
+            config, load_policy(config.model), device, data_parallel=data_parallel
+        )
+        self.strategy: Strategy = self.learner.sync
+        self.critic_strategy: Strategy | None = None if self.critic is None else self.critic.sync
         self.tokenizer = load_config_tokenizer(config)
         return self.rank
 

@@ -360,46 +360,20 @@ def local_rollout(
     ones. ``with_eval``: build the evaluation flow too. ``background``: rollouts run on a rollout
     thread while the learner trains (``trainer.mode: async``).
     """
-    from agent_r1.rollout.factory import EngineUnavailable, build_engine
-    from agent_r1.train.builders import (
-        agent_loop,
-        base_path,
-        env_factory,
-        eval_sampling_params,
-        sampling_params,
-    )
+    from agent_r1.train.builders import rollout_engine, rollout_flows
     from agent_r1.train.config import ConfigError
 
-    if flow is None or (eval_flow is None and with_eval):
-        make_env = make_env or env_factory(config, tokenizer)
-    flow = flow or agent_loop(config, tokenizer, make_env, sampling_params(config))
-    if eval_flow is None and with_eval and make_env is not None:
-        eval_flow = agent_loop(config, tokenizer, make_env, eval_sampling_params(config))
+    flow, eval_flow = rollout_flows(
+        config, tokenizer, flow=flow, eval_flow=eval_flow, make_env=make_env, with_eval=with_eval
+    )
     owns_engine, shares_model = engine is None, False
     rollout = config.rollout
     if engine is None:
-        try:
-            if rollout.engine == "hf":
-                shares_model = model is not None and rollout.share_model
-                if model is None:
-                    source = base_path(config)  # evaluation alone: the engine loads its own
-                else:
-                    source = model if shares_model else engine_copy(model, config)
-                engine = build_engine(
-                    "hf",
-                    source,
-                    tokenizer=tokenizer,
-                    dtype=config.model.dtype,
-                    max_batch_size=rollout.max_batch_size,
-                    device=None if model is not None else device,
-                    **rollout.engine_kwargs,
-                )
-            else:
-                engine = build_engine(
-                    rollout.engine, base_path(config), dtype=config.model.dtype, **rollout.engine_kwargs
-                )
-        except EngineUnavailable as error:
-            raise ConfigError("rollout.engine", str(error)) from None
+        source = None  # evaluation alone, or vLLM: the engine loads model.path
+        if rollout.engine == "hf" and model is not None:
+            shares_model = rollout.share_model
+            source = model if shares_model else engine_copy(model, config)
+        engine = rollout_engine(config, tokenizer, source, device=None if model is not None else device)
     if background and model is not None and getattr(engine, "model", None) is model:
         raise ConfigError(
             "trainer.mode",
@@ -426,18 +400,7 @@ def local_rollout(
 def local_learner(config, tokenizer, model, device) -> LocalLearner:
     """The in-process learner backend: ``model``'s Learner (with the reference for the KL term) and,
     for estimators that read values, a critic."""
-    from agent_r1.train.builders import (
-        critic_learner,
-        critic_model_config,
-        estimator_needs,
-        load_reference,
-        policy_learner,
-    )
+    from agent_r1.train.builders import build_learners
 
-    policy = policy_learner(config, model, reference=load_reference(config, model, device))
-    critic = None
-    if estimator_needs(config).critic is not None:
-        from agent_r1.train.critic import load_critic
-
-        critic = critic_learner(config, load_critic(critic_model_config(config)).to(device))
+    policy, critic = build_learners(config, model, device)
     return LocalLearner(policy, critic, tokenizer=tokenizer, keep_checkpoints=config.trainer.keep_checkpoints)

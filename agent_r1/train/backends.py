@@ -530,12 +530,12 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     from agent_r1.train.learner import load_policy
 
     check_attention(config)
-    device = resolve_device(config)
+    configured = resolve_device(config)  # checked also when a model is passed in
     model = parts.model
     if model is None:
         if not config.model.path:
             raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
-        model = load_policy(config.model).to(device)
+        model = load_policy(config.model).to(configured)
     device = next(model.parameters()).device
     rollouts = local_rollout(
         config,

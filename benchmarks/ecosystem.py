@@ -41,7 +41,10 @@ def run_arm(name: str, seed: int, quick: bool) -> dict:
         [sys.executable, "-c", code, str(HERE), name, str(seed), "1" if quick else "0"],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p),
+        },
     )
     for line in completed.stdout.splitlines():
         if line.startswith("RESULT "):

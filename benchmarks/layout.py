@@ -1,4 +1,5 @@
-"""Training layout benchmark: prefix-merged + packed sequences vs one row per step (DESIGN.md, 4).
+"""Training layout benchmark: prefix-merged + packed sequences vs one row per step
+(docs/training.md, "Step-level batching").
 
 Identical synthetic 5-turn append-context trajectories (shaped like multi-hop QA: a prompt, then per
 turn a response and a longer tool observation) are scored by the learner three ways, each timing the

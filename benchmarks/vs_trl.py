@@ -66,9 +66,10 @@ from trl_race import (
 )
 
 from agent_r1.envs.context import task_messages
-from agent_r1.flows.base import SingleStepFlow, observation_ids
+from agent_r1.flows.base import SingleStepFlow
 from agent_r1.models.loading import load_tokenizer
 from agent_r1.models.tiny import save_tiny_checkpoint
+from agent_r1.models.tokens import observation_ids
 from agent_r1.train.config import apply_overrides, config_from_dict
 from agent_r1.train.sft import SFTConfig, sft_sequences, train_sft
 from agent_r1.train.trainer import Trainer

@@ -11,11 +11,10 @@ from agent_r1.envs.context import (
     ContextError,
     ContextRequest,
     PreviousTurn,
-    encode_text,
     get_context_policy,
-    render_messages,
     split_turns,
 )
+from agent_r1.models.tokens import encode_text, render_messages
 
 TOOLS = (
     {

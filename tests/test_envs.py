@@ -17,8 +17,9 @@ from agent_r1.envs import (
     make_env,
     register_env,
 )
-from agent_r1.envs.context import encode_text, get_context_policy, render_messages
+from agent_r1.envs.context import get_context_policy
 from agent_r1.envs.tool_env import CUT_OFF_ERROR
+from agent_r1.models.tokens import encode_text, render_messages
 from agent_r1.tools import tool
 from agent_r1.types import Action, Observation, StepResult, StopReason
 

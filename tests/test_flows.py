@@ -7,7 +7,6 @@ import pytest
 from doubles import ScriptedEngine
 
 from agent_r1.envs import AgentEnv, ToolEnv
-from agent_r1.envs.context import encode_text, render_messages
 from agent_r1.flows import (
     AgentEnvLoop,
     AgentFlow,
@@ -17,6 +16,7 @@ from agent_r1.flows import (
     rollout_group,
     rollout_groups,
 )
+from agent_r1.models.tokens import encode_text, render_messages
 from agent_r1.tools import tool
 from agent_r1.types import (
     Completion,

@@ -10,10 +10,10 @@ import openai
 import pytest
 from doubles import ScriptedEngine
 
-from agent_r1.envs.context import encode_text, render_messages
+from agent_r1.envs.gateway import Gateway, engine_sampler, exact_fraction
 from agent_r1.envs.tool_env import ToolEnv
 from agent_r1.flows.base import AgentEnvLoop
-from agent_r1.rollout.gateway import Gateway, engine_sampler, exact_fraction
+from agent_r1.models.tokens import encode_text, render_messages
 from agent_r1.tools import tool
 from agent_r1.types import Completion, SamplingParams, StopReason
 

@@ -12,8 +12,8 @@ from doubles import ScriptedEngine
 from transformers import AutoModelForCausalLM
 
 from agent_r1.envs.agent_program import AgentProgramEnv, AgentResult
-from agent_r1.envs.context import encode_text, render_messages
 from agent_r1.flows.base import AgentEnvLoop
+from agent_r1.models.tokens import encode_text, render_messages
 from agent_r1.rollout import HFEngine
 from agent_r1.rollout.judge import LLMJudge
 from agent_r1.rollout.server import build_app, start_server

@@ -200,7 +200,7 @@ def _group(tokenizer, rng, task_number: int, train_step: int) -> list[Trajectory
 
 
 def make_run_dir(root: Path, tokenizer, *, train_steps: int = 8, dump_every: int = 2) -> Path:
-    """A run directory as CONTRACTS.md describes it, filled with realistic content."""
+    """A run directory as docs/training.md ("The run directory") describes it, filled with realistic content."""
     rng = random.Random(0)
     run = root / "run"
     (run / "trajectories").mkdir(parents=True)

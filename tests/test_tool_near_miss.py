@@ -14,8 +14,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agent_r1.envs import ToolEnv
-from agent_r1.envs.context import encode_text
 from agent_r1.flows.base import rollout_groups
+from agent_r1.models.tokens import encode_text
 from agent_r1.report import load_run, render_html
 from agent_r1.report.html import chart_groups
 from agent_r1.tasks.arithmetic import make_dataset

@@ -32,14 +32,7 @@ from ray.exceptions import RayActorError
 
 from agent_r1.train.backends import export_weights
 from agent_r1.train.batching import MicroBatch
-from agent_r1.train.builders import (
-    critic_learner,
-    critic_model_config,
-    estimator_needs,
-    load_config_tokenizer,
-    load_reference,
-    policy_learner,
-)
+from agent_r1.train.builders import build_learners, estimator_needs, load_config_tokenizer
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import MiniBatch, TokenLoss, load_policy
 from agent_r1.train.process import apply_process_settings
@@ -81,7 +74,7 @@ class LearnerWorker:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master_addr: str, master_port: int) -> int:
-        from agent_r1.distributed.strategy import make_strategy
+        from agent_r1.distributed.strategy import Strategy, make_strategy
 
         config = self.config
         os.environ["MASTER_ADDR"] = master_addr
@@ -96,22 +89,15 @@ class LearnerWorker:
         if config.distributed.torch_backend == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(config.trainer.seed)
-        model = load_policy(config.model)
-        self.strategy = make_strategy(
-            config.distributed.strategy, model, device, lambda: load_policy(config.model)
-        )
-        reference = load_reference(config, model, device)
-        self.learner = policy_learner(config, model, reference=reference, sync=self.strategy)
-        self.critic = None
-        if estimator_needs(config).critic is not None:
-            from agent_r1.train.critic import load_critic
 
-            critic_config = critic_model_config(config)
-            critic_model = load_critic(critic_config)
-            self.critic_strategy = make_strategy(
-                config.distributed.strategy, critic_model, device, lambda: load_critic(critic_config)
-            )
-            self.critic = critic_learner(config, critic_model, sync=self.critic_strategy)
+        def data_parallel(model, replica) -> Strategy:
+            return make_strategy(config.distributed.strategy, model, device, replica)
+
+        self.learner, self.critic = build_learners(
+            config, load_policy(config.model), device, data_parallel=data_parallel
+        )
+        self.strategy: Strategy = self.learner.sync
+        self.critic_strategy: Strategy | None = None if self.critic is None else self.critic.sync
         self.tokenizer = load_config_tokenizer(config)
         return self.rank
 
@@ -140,17 +126,14 @@ class LearnerWorker:
 
     def save_checkpoint(self, directory: str, step: int, trainer_state: dict) -> str | None:
         """Rank 0 writes the checkpoint (the other ranks take part in gathering sharded state)."""
-        from agent_r1.train.checkpoint import save_checkpoint
+        from agent_r1.train.checkpoint import save_checkpoint, with_critic
 
         model, optimizer_state = self.strategy.full_state(self.learner, optimizer=True)
-        if self.critic is not None:  # stored as Trainer stores it: trainer_state["critic"]
+        if self.critic is not None:  # in the local learner's format
             critic, critic_optimizer = self.critic_strategy.full_state(self.critic, optimizer=True)
             if critic is not None:
                 critic_learner = {**self.critic.state_dict(), "optimizer": critic_optimizer}
-                trainer_state = {
-                    **trainer_state,
-                    "critic": {"model": critic.state_dict(), "learner": critic_learner},
-                }
+                trainer_state = with_critic(trainer_state, critic.state_dict(), critic_learner)
         if model is None:
             return None
         path = save_checkpoint(
@@ -166,10 +149,11 @@ class LearnerWorker:
 
     def load_checkpoint(self, path: str) -> dict:
         """Every rank loads checkpoint ``path``; returns the trainer state (without the critic's)."""
-        trainer_state = self.strategy.load_checkpoint(path, self.learner)
-        critic = trainer_state.pop("critic", None)
+        from agent_r1.train.checkpoint import split_critic
+
+        trainer_state, critic = split_critic(self.strategy.load_checkpoint(path, self.learner))
         if self.critic is not None:
-            self.critic_strategy.load_state(self.critic, critic["model"], critic["learner"])
+            self.critic_strategy.load_state(self.critic, *critic)
         return trainer_state
 
 

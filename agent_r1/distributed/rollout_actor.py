@@ -85,34 +85,15 @@ class RolloutActor:
     and the configured train / eval flows, all built here from the config."""
 
     def __init__(self, config: TrainConfig, slot: int) -> None:
-        from agent_r1.rollout.factory import build_engine
-        from agent_r1.train.builders import (
-            agent_loop,
-            env_factory,
-            eval_sampling_params,
-            load_config_tokenizer,
-            sampling_params,
-        )
+        from agent_r1.train.builders import load_config_tokenizer, rollout_engine, rollout_flows
         from agent_r1.train.process import apply_process_settings
 
         apply_process_settings(config.trainer)
         self.slot = slot
         tokenizer = load_config_tokenizer(config)
-        rollout = config.rollout
         # The weights at model.path, frozen (the engine only samples; the learner pushes updates).
-        self.engine = VersionedEngine(
-            build_engine(
-                rollout.engine,
-                config.model.path,
-                tokenizer=tokenizer,
-                dtype=config.model.dtype,
-                max_batch_size=rollout.max_batch_size,
-                **rollout.engine_kwargs,
-            )
-        )
-        make_env = env_factory(config, tokenizer)
-        self.flow = agent_loop(config, tokenizer, make_env, sampling_params(config))
-        self.eval_flow = agent_loop(config, tokenizer, make_env, eval_sampling_params(config))
+        self.engine = VersionedEngine(rollout_engine(config, tokenizer))
+        self.flow, self.eval_flow = rollout_flows(config, tokenizer)
         self._groups: dict[tuple[str, int, int], _GroupSeeds] = {}
         self._seed_base = ""
 
@@ -136,14 +117,11 @@ class RolloutActor:
         """One trajectory, its start order within its group on this actor and when it finished
         (``time.time()``); a failing flow becomes an ERROR trajectory (as in ``rollout_group``)."""
         from agent_r1.flows.base import rollout_group
-        from agent_r1.train.backends import stamp_version
 
         flow = self.eval_flow if request.evaluation else self.flow
         engine = self._engine_for(request)
-        swaps, version = self.engine.swaps, self.engine.version
-        group = await rollout_group(flow, engine, request.task, 1, request.group_id)
-        if self.engine.swaps == swaps:  # sampled by one version, whatever the flow stamped
-            group = stamp_version(group, version)
+        watch = self.engine.watch()
+        group = watch.stamp(await rollout_group(flow, engine, request.task, 1, request.group_id))
         (trajectory,) = group.trajectories
         return trajectory, engine.order if engine.order is not None else -1, time.time()
 

@@ -1,5 +1,7 @@
 """Environments of the step-level MDP: the AgentEnv contract, a registry by name, a conformance
-checker, the built-in ToolEnv and the context policies that build its prompts. See docs/environments.md.
+checker, the built-in ToolEnv and the context policies that build its prompts, and agent programs
+served through an OpenAI-compatible gateway (``gateway``, ``agent_program``: docs/gateway.md). See
+docs/environments.md.
 """
 
 from agent_r1.envs.base import AgentEnv

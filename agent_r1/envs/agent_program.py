@@ -10,7 +10,7 @@ The user writes (or already has) ``async def agent(task, client) -> float | Agen
       kwargs: {agent: "my_pkg.agents:calculator_agent", reward_fn: "my_pkg.agents:score"}
 
 How the inversion works: the trainer's ``AgentEnvLoop`` asks ``reset`` / ``step`` for prompts, while
-the agent pushes requests. ``reset(task)`` starts a ``Gateway`` (``agent_r1.rollout.gateway``) with one
+the agent pushes requests. ``reset(task)`` starts a ``Gateway`` (``agent_r1.envs.gateway``) with one
 session and the agent as a task, and waits for its first model call: that call's prompt ids are the
 observation. The loop samples from them with the trainer's engine; ``step(action)`` hands the sampled
 ids back to the waiting call (parsed into ``tool_calls``), then waits for the agent's next call (its
@@ -47,8 +47,8 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.base import AgentEnv
+from agent_r1.envs.gateway import CallRecord, Gateway, GatewaySession, PendingCall, exact_fraction
 from agent_r1.envs.registry import load_entry_point
-from agent_r1.rollout.gateway import CallRecord, Gateway, GatewaySession, PendingCall, exact_fraction
 from agent_r1.types import Action, Observation, SamplingParams, StepResult, Task
 
 __all__ = ["AgentProgramEnv", "AgentProgramError", "AgentResult"]

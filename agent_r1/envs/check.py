@@ -18,6 +18,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.base import AgentEnv, LentPolicy
+from agent_r1.models.tokens import decode_response, observation_ids, render_messages
 from agent_r1.rollout.base import Engine
 from agent_r1.types import Action, Observation, SamplingParams, Step, StepResult, StopReason, Task
 
@@ -145,8 +146,6 @@ async def _next_action(
     observation: Observation,
 ) -> Action | None:
     if engine is not None:
-        from agent_r1.flows.base import decode_response, observation_ids
-
         assert tokenizer is not None
         completion = await engine.generate(
             observation_ids(observation, tokenizer), sampling_params or SamplingParams()
@@ -179,8 +178,6 @@ def _observation_problems(
             if not isinstance(message.get("content"), str):
                 problems.append(f"{where}: message {i} ({message.get('role')}) has no string 'content'")
         if tokenizer is not None and not problems:
-            from agent_r1.envs.context import render_messages
-
             try:
                 render_messages(tokenizer, observation.messages)
             except Exception as e:

@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Literal
 from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.base import LentPolicy
-from agent_r1.models.loading import require_chat_template
+from agent_r1.models.tokens import encode_text, render_messages
 from agent_r1.types import Completion, Message, Step, StopReason, Task
 
 __all__ = [
@@ -53,11 +53,9 @@ __all__ = [
     "SlidingWindowContext",
     "SummarizeContext",
     "TokenBudgetContext",
-    "encode_text",
     "engine_summarizer",
     "get_context_policy",
     "register_context_policy",
-    "render_messages",
     "resolve_context_policy",
     "split_turns",
     "task_id",
@@ -93,29 +91,6 @@ def task_messages(task: Task, key: str = "prompt") -> list[Message]:
         f"task {task_id(task) or '(no id)'}: {key!r} must be a string or a list of chat messages "
         f"with 'role' and 'content', got {type(prompt).__name__}"
     )
-
-
-def render_messages(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: Sequence[Message],
-    *,
-    tools: Sequence[dict] | None = None,
-    add_generation_prompt: bool = True,
-) -> str:
-    """The tokenizer's chat template applied to ``messages`` (and tool schemas), as text."""
-    require_chat_template(tokenizer)
-    return tokenizer.apply_chat_template(
-        [dict(m) for m in messages],
-        tools=list(tools) if tools else None,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-    )
-
-
-def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of ``text`` exactly as written: special-token text becomes its single id, and no
-    BOS/EOS is added (the chat template already wrote them)."""
-    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def split_turns(messages: Sequence[Message]) -> tuple[list[Message], Message | None, list[list[Message]]]:

@@ -25,8 +25,9 @@ from typing import Any, Literal
 from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.base import AgentEnv, LentPolicy
-from agent_r1.envs.context import encode_text, render_messages, task_id, task_messages
+from agent_r1.envs.context import task_id, task_messages
 from agent_r1.models.loading import require_chat_template
+from agent_r1.models.tokens import decode_response, observation_ids
 from agent_r1.rollout.base import Engine
 from agent_r1.types import (
     Action,
@@ -47,8 +48,6 @@ __all__ = [
     "EngineError",
     "PromptTooLongError",
     "SingleStepFlow",
-    "decode_response",
-    "observation_ids",
     "rollout_group",
     "rollout_groups",
     "short_traceback",
@@ -68,21 +67,6 @@ class EngineError(RuntimeError):
 def short_traceback(error: BaseException, frames: int = TRACEBACK_FRAMES) -> str:
     """The exception and its last ``frames`` stack frames, as text."""
     return "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=-frames))
-
-
-def observation_ids(observation: Observation, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Prompt ids for an observation: token ids as is; messages through the chat template (with the
-    generation prompt); text encoded without special tokens added."""
-    if observation.token_ids is not None:
-        return list(observation.token_ids)
-    if observation.messages is not None:
-        return encode_text(tokenizer, render_messages(tokenizer, observation.messages))
-    return encode_text(tokenizer, observation.text or "")
-
-
-def decode_response(tokenizer: PreTrainedTokenizerBase, completion: Completion) -> str:
-    """The response text, special tokens kept (tool-call tags may be special tokens)."""
-    return tokenizer.decode(list(completion.token_ids), skip_special_tokens=False)
 
 
 class AgentFlow(ABC):

@@ -1,4 +1,5 @@
-"""Read a run directory (the layout in CONTRACTS.md) into plain, JSON-ready data for the report page.
+"""Read a run directory (the layout in ``agent_r1.train.run_dir`` and docs/training.md) into plain,
+JSON-ready data for the report page.
 
 Everything is lenient about *content*: any metric key may be missing, unknown keys are kept, a
 trajectory dump without the viewer's extra ``Step.info`` fields ("prompt_text", "response_tokens",
@@ -38,7 +39,8 @@ _MAX_INFO_CHARS = 2000  # a Trajectory.info value longer than this (as JSON) is 
 
 
 class ContextChange(str, Enum):
-    """How a step's prompt relates to the previous step's prompt + response (DESIGN.md, point 1)."""
+    """How a step's prompt relates to the previous step's prompt + response (the env chooses
+    the context: docs/environments.md, "Context policies")."""
 
     INITIAL = "initial"  # the first step of the trajectory
     EXTENDS = "extends"  # the prompt starts with the previous prompt + response (the "append" case)

@@ -1,5 +1,5 @@
 """The OpenAI HTTP API's request checks and error answers, shared by ``agent-r1 serve``
-(``agent_r1.rollout.server``) and the agent gateway (``agent_r1.rollout.gateway``).
+(``agent_r1.rollout.server``) and the agent gateway (``agent_r1.envs.gateway``).
 
 Every error is answered in the API's format, ``{"error": {"message", "type", "code"}}``, with the
 HTTP status the OpenAI API (and vLLM) use: 400 for a bad request, 404 for a model or path this

@@ -11,6 +11,10 @@ An in-flight trajectory therefore continues with the new weights from its next s
 rollouts", as in AReaL, arXiv 2505.24298, and Kimi k1.5): a weight update waits for the longest
 in-flight *turn*, never for the longest trajectory.
 
+Both rollout backends stamp the same way (``VersionedEngine.watch``): a rollout during which no swap
+happened was sampled by one version, which every one of its steps then records, whatever the flow
+stamped (a flow may build steps without the completion's version).
+
 One event loop at a time drives it (the rollout thread's, a Ray actor's, or ``asyncio.run`` in the
 trainer's thread between rollouts), so its counters need no lock.
 """
@@ -19,11 +23,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from agent_r1.types import Completion, SamplingParams
+from agent_r1.types import Completion, SamplingParams, TrajectoryGroup
 
-__all__ = ["VersionedEngine"]
+__all__ = ["VersionWatch", "VersionedEngine", "stamp_version"]
 
 
 class VersionedEngine:
@@ -43,6 +47,10 @@ class VersionedEngine:
     def active(self) -> int:
         """Requests being sampled now."""
         return self._active
+
+    def watch(self) -> VersionWatch:
+        """Taken before a rollout starts: its ``stamp`` says which version sampled the rollout's steps."""
+        return VersionWatch(self, self.swaps, self.version)
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         while self._swapping:
@@ -79,3 +87,29 @@ class VersionedEngine:
             for future in held:
                 if not future.done():
                     future.set_result(None)
+
+
+@dataclass(frozen=True)
+class VersionWatch:
+    """The engine's swap count and version when a rollout started (``VersionedEngine.watch``)."""
+
+    engine: VersionedEngine
+    swaps: int
+    version: int
+
+    def stamp(self, group: TrajectoryGroup) -> TrajectoryGroup:
+        """``group`` with every step stamped with the watched version when no swap happened since the
+        watch began (every step was sampled by that version); unchanged otherwise (each step keeps
+        the version its completion carried)."""
+        return stamp_version(group, self.version) if self.engine.swaps == self.swaps else group
+
+
+def stamp_version(group: TrajectoryGroup, version: int) -> TrajectoryGroup:
+    """``group`` with every step's ``policy_version`` set to ``version``."""
+    return replace(
+        group,
+        trajectories=tuple(
+            replace(t, steps=tuple(replace(s, policy_version=version) for s in t.steps))
+            for t in group.trajectories
+        ),
+    )

@@ -12,7 +12,7 @@ Why this task, for credit assignment (``benchmarks/credit.py``):
   compass), rendered the same way each time, so two samples that stand on the same cell see the
   same prompt ids, and ``step_grpo`` (GiGPO's anchor states, ``agent_r1.algos.step_table``) groups
   them without a ``state_key``. Every sample of a group shares its first state; most share several
-  more. The history is dropped on purpose (the env chooses the context, DESIGN.md point 1); the
+  more. The history is dropped on purpose (the env chooses the context: docs/environments.md, "Context policies"); the
   budget is left out of the observation so that the same cell is the same state whenever it is
   reached: the best move does not depend on it, though the cell's value does (a cell revisited
   after a wasted pair of moves has less slack left).

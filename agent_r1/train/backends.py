@@ -13,6 +13,11 @@
 In one process (``LocalRollout``, ``LocalLearner``, built by ``local_backends``) they wrap an engine
 and ``Learner`` objects; on Ray (``agent_r1.distributed``) the same protocols are implemented by
 ``RolloutPool`` (engine actors) and ``LearnerGroup`` (torch.distributed workers).
+
+``make_backends(config, tokenizer, ...)`` is the one place that assembles them: ``BACKENDS`` maps each
+``distributed.backend`` to its builder by entry-point string, imported on first use, so this package
+never imports ``agent_r1.distributed`` (which imports Ray). Both build their parts with the same
+builders (``agent_r1.train.builders``) and store checkpoints in one format (``agent_r1.train.checkpoint``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import importlib
 import logging
 import threading
 import time
@@ -34,20 +40,28 @@ from agent_r1.flows.base import AgentFlow, rollout_groups
 from agent_r1.rollout.seeded import SeededEngine
 from agent_r1.rollout.versioned import VersionedEngine
 from agent_r1.train.batching import MicroBatch
-from agent_r1.train.checkpoint import load_checkpoint, save_checkpoint
+from agent_r1.train.checkpoint import load_checkpoint, save_checkpoint, split_critic, with_critic
+from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.learner import Learner, MiniBatch, TokenLoss
 from agent_r1.types import Task, TrajectoryGroup
 
 __all__ = [
+    "BACKENDS",
+    "BackendKind",
+    "BackendParts",
+    "Backends",
     "LearnerBackend",
     "LocalLearner",
     "LocalRollout",
     "RolloutBackend",
+    "absolute_paths",
+    "backend_config",
     "engine_copy",
     "export_weights",
+    "local_backends",
     "local_learner",
     "local_rollout",
-    "stamp_version",
+    "make_backends",
 ]
 
 logger = logging.getLogger(__name__)
@@ -200,13 +214,10 @@ class LocalRollout:
         engine = SeededEngine(self.engine)  # one per job: a background job never shares its counters
         engine.reseed(job.seed_base)
         flow = self.eval_flow if job.evaluation else self.flow
-        swaps, version = self.engine.swaps, self.engine.version
+        watch = self.engine.watch()
         groups = await rollout_groups(flow, engine, job.tasks, job.n)
         job.finished = time.time()
-        if self.engine.swaps == swaps:
-            # No swap during the job: every step was sampled by ``version``, whatever the flow stamped.
-            groups = [stamp_version(g, version) for g in groups]
-        return groups
+        return [watch.stamp(g) for g in groups]
 
     def update_weights(self, weights: Callable[[], Any], version: int) -> None:
         """``weights``: a function returning ``(name, tensor)`` pairs (called only when the engine holds
@@ -247,17 +258,6 @@ class LocalRollout:
                 self._thread = None
 
 
-def stamp_version(group: TrajectoryGroup, version: int) -> TrajectoryGroup:
-    """``group`` with every step's ``policy_version`` set to ``version``."""
-    return replace(
-        group,
-        trajectories=tuple(
-            replace(t, steps=tuple(replace(s, policy_version=version) for s in t.steps))
-            for t in group.trajectories
-        ),
-    )
-
-
 class LocalLearner:
     """The policy's ``Learner`` (and the critic's) in this process; checkpoints via
     ``agent_r1.train.checkpoint`` (the critic's state rides in the trainer state)."""
@@ -289,10 +289,9 @@ class LocalLearner:
 
     def save_checkpoint(self, directory: Path, step: int, trainer_state: dict) -> Path:
         if self.critic is not None:
-            trainer_state = {
-                **trainer_state,
-                "critic": {"model": self.critic.model.state_dict(), "learner": self.critic.state_dict()},
-            }
+            trainer_state = with_critic(
+                trainer_state, self.critic.model.state_dict(), self.critic.state_dict()
+            )
         return save_checkpoint(
             directory,
             step,
@@ -306,10 +305,11 @@ class LocalLearner:
     def load_checkpoint(self, path: Path) -> dict:
         learner_state, trainer_state = load_checkpoint(path, self.policy.model, verify=False)
         self.policy.load_state_dict(learner_state)
-        critic = trainer_state.pop("critic", None)
+        trainer_state, critic = split_critic(trainer_state)
         if self.critic is not None:
-            self.critic.model.load_state_dict(critic["model"])
-            self.critic.load_state_dict(critic["learner"])
+            weights, critic_state = critic
+            self.critic.model.load_state_dict(weights)
+            self.critic.load_state_dict(critic_state)
         return trainer_state
 
     def close(self) -> None:
@@ -375,46 +375,19 @@ def local_rollout(
     ones. ``with_eval``: build the evaluation flow too. ``background``: rollouts run on a rollout
     thread while the learner trains (``trainer.mode: async``).
     """
-    from agent_r1.rollout.factory import EngineUnavailable, build_engine
-    from agent_r1.train.builders import (
-        agent_loop,
-        base_path,
-        env_factory,
-        eval_sampling_params,
-        sampling_params,
-    )
-    from agent_r1.train.config import ConfigError
+    from agent_r1.train.builders import rollout_engine, rollout_flows
 
-    if flow is None or (eval_flow is None and with_eval):
-        make_env = make_env or env_factory(config, tokenizer)
-    flow = flow or agent_loop(config, tokenizer, make_env, sampling_params(config))
-    if eval_flow is None and with_eval and make_env is not None:
-        eval_flow = agent_loop(config, tokenizer, make_env, eval_sampling_params(config))
+    flow, eval_flow = rollout_flows(
+        config, tokenizer, flow=flow, eval_flow=eval_flow, make_env=make_env, with_eval=with_eval
+    )
     owns_engine, shares_model = engine is None, False
     rollout = config.rollout
     if engine is None:
-        try:
-            if rollout.engine == "hf":
-                shares_model = model is not None and rollout.share_model
-                if model is None:
-                    source = base_path(config)  # evaluation alone: the engine loads its own
-                else:
-                    source = model if shares_model else engine_copy(model, config)
-                engine = build_engine(
-                    "hf",
-                    source,
-                    tokenizer=tokenizer,
-                    dtype=config.model.dtype,
-                    max_batch_size=rollout.max_batch_size,
-                    device=None if model is not None else device,
-                    **rollout.engine_kwargs,
-                )
-            else:
-                engine = build_engine(
-                    rollout.engine, base_path(config), dtype=config.model.dtype, **rollout.engine_kwargs
-                )
-        except EngineUnavailable as error:
-            raise ConfigError("rollout.engine", str(error)) from None
+        source = None  # evaluation alone, or vLLM: the engine loads model.path
+        if rollout.engine == "hf" and model is not None:
+            shares_model = rollout.share_model
+            source = model if shares_model else engine_copy(model, config)
+        engine = rollout_engine(config, tokenizer, source, device=None if model is not None else device)
     if background and model is not None and getattr(engine, "model", None) is model:
         raise ConfigError(
             "trainer.mode",
@@ -441,18 +414,146 @@ def local_rollout(
 def local_learner(config, tokenizer, model, device) -> LocalLearner:
     """The in-process learner backend: ``model``'s Learner (with the reference for the KL term) and,
     for estimators that read values, a critic."""
-    from agent_r1.train.builders import (
-        critic_learner,
-        critic_model_config,
-        estimator_needs,
-        load_reference,
-        policy_learner,
-    )
+    from agent_r1.train.builders import build_learners
 
-    policy = policy_learner(config, model, reference=load_reference(config, model, device))
-    critic = None
-    if estimator_needs(config).critic is not None:
-        from agent_r1.train.critic import load_critic
-
-        critic = critic_learner(config, load_critic(critic_model_config(config)).to(device))
+    policy, critic = build_learners(config, model, device)
     return LocalLearner(policy, critic, tokenizer=tokenizer, keep_checkpoints=config.trainer.keep_checkpoints)
+
+
+# ---------------------------------------------------------------------------------- assembly
+
+
+@dataclass(frozen=True)
+class Backends:
+    """What the RL loop runs on, as ``make_backends`` assembled it."""
+
+    rollouts: RolloutBackend
+    learner: LearnerBackend
+    model_config: Any  # the policy's transformers config (the prefix-tree cost model reads it)
+    learner_device: Any  # where the learner computes (a torch device, or "cpu" / "cuda" on Ray)
+    model: Any = None  # the policy, when it lives in this process
+
+
+@dataclass(frozen=True)
+class BackendParts:
+    """What ``make_backends`` was handed besides the config: objects the caller built (None: built
+    from the config), whether to build the evaluation flow, and the Ray actors' runtime env."""
+
+    model: Any = None
+    engine: Any = None
+    flow: AgentFlow | None = None
+    eval_flow: AgentFlow | None = None
+    env_factory: Callable[[], Any] | None = None
+    with_eval: bool = True
+    runtime_env: dict | None = None
+
+    def objects(self) -> list[str]:
+        """The names of the objects passed in."""
+        given = {"model": self.model, "engine": self.engine, "flow": self.flow, "eval_flow": self.eval_flow}
+        given["env_factory"] = self.env_factory
+        return sorted(name for name, value in given.items() if value is not None)
+
+
+@dataclass(frozen=True)
+class BackendKind:
+    """One value of ``distributed.backend``.
+
+    ``build``: ``"module:function"``, a ``(config, tokenizer, parts: BackendParts) -> Backends``
+    imported on first use. ``remote``: its processes build every model, engine and flow from the
+    config alone (objects cannot be passed in; paths are made absolute for other working folders)."""
+
+    build: str
+    remote: bool = False
+
+
+BACKENDS: dict[str, BackendKind] = {
+    "none": BackendKind("agent_r1.train.backends:local_backends"),
+    "ray": BackendKind("agent_r1.distributed.ray_backends:ray_backends", remote=True),
+}
+
+
+def absolute_paths(config: TrainConfig) -> TrainConfig:
+    """Make the paths that actors open absolute: actors may run in another working directory. Model
+    paths that do not exist here stay as they are (hub names, or folders that exist only on the nodes)."""
+
+    def local(path: str | None) -> str | None:
+        return str(Path(path).resolve()) if path and Path(path).exists() else path
+
+    model = replace(config.model, path=local(config.model.path), tokenizer=local(config.model.tokenizer))
+    trainer = replace(config.trainer, run_dir=str(Path(config.trainer.run_dir).resolve()))
+    return replace(config, model=model, trainer=trainer)
+
+
+def backend_config(config: TrainConfig, parts: BackendParts | None = None) -> TrainConfig:
+    """``config`` as ``distributed.backend`` reads it (a remote backend: absolute paths), checked
+    before anything starts: a remote backend refuses objects built here (``parts``)."""
+    name = config.distributed.backend
+    if not BACKENDS[name].remote:
+        return config
+    passed = (parts or BackendParts()).objects()
+    if passed:
+        raise ConfigError(
+            "distributed.backend",
+            f"{name!r} builds every model, engine and flow in its actors from the config; "
+            f"{', '.join(passed)} cannot be passed in (set env.name / env.kwargs instead)",
+        )
+    return absolute_paths(config)
+
+
+def make_backends(
+    config: TrainConfig,
+    tokenizer,
+    *,
+    model=None,
+    engine=None,
+    flow: AgentFlow | None = None,
+    eval_flow: AgentFlow | None = None,
+    env_factory: Callable[[], Any] | None = None,
+    with_eval: bool = True,
+    runtime_env: dict | None = None,
+) -> Backends:
+    """The rollout and learner backends of ``config`` (``distributed.backend``): in this process, or
+    on Ray (``runtime_env``: the actors' runtime environment).
+
+    ``model`` / ``engine`` / ``flow`` / ``eval_flow`` / ``env_factory``: parts built by the caller that
+    replace the configured ones (in this process only). ``with_eval``: build the evaluation flow."""
+    parts = BackendParts(model, engine, flow, eval_flow, env_factory, with_eval, runtime_env)
+    config = backend_config(config, parts)
+    module, _, function = BACKENDS[config.distributed.backend].build.partition(":")
+    return getattr(importlib.import_module(module), function)(config, tokenizer, parts)
+
+
+def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backends:
+    """The in-process backends: the policy (``parts.model``, or ``load_policy`` on ``model.device``),
+    an engine and flows around it (``local_rollout``), its learner and critic (``local_learner``)."""
+    from agent_r1.train.builders import check_attention, resolve_device
+    from agent_r1.train.learner import load_policy
+
+    check_attention(config)
+    configured = resolve_device(config)  # checked also when a model is passed in
+    model = parts.model
+    if model is None:
+        if not config.model.path:
+            raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
+        model = load_policy(config.model).to(configured)
+    device = next(model.parameters()).device
+    rollouts = local_rollout(
+        config,
+        tokenizer,
+        model=model,
+        engine=parts.engine,
+        flow=parts.flow,
+        eval_flow=parts.eval_flow,
+        make_env=parts.env_factory,
+        with_eval=parts.with_eval,
+        background=config.trainer.mode == "async",
+    )
+    try:
+        learner = local_learner(config, tokenizer, model, device)
+    except BaseException:
+        rollouts.close()
+        raise
+    if parts.model is not None and rollouts.owns_engine and not rollouts.shares_model:
+        # An engine that loaded model.path (vLLM) must start from the policy passed in.
+        rollouts.update_weights(learner.weights(), 0)
+    return Backends(rollouts, learner, model.config, device, model)

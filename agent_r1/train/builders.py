@@ -16,14 +16,15 @@ from typing import Any
 import torch
 
 from agent_r1.algos import ADVANTAGE_ESTIMATORS, Needs, PolicyObjective, ValueObjective
-from agent_r1.flows.base import AgentEnvLoop
+from agent_r1.flows.base import AgentEnvLoop, AgentFlow
 from agent_r1.train.config import ConfigError, TrainConfig
-from agent_r1.train.learner import Learner
+from agent_r1.train.learner import Learner, load_policy
 from agent_r1.types import SamplingParams
 
 __all__ = [
     "agent_loop",
     "base_path",
+    "build_learners",
     "check_attention",
     "critic_learner",
     "critic_model_config",
@@ -35,6 +36,8 @@ __all__ = [
     "policy_learner",
     "policy_objective",
     "resolve_device",
+    "rollout_engine",
+    "rollout_flows",
     "sampling_params",
     "value_objective",
 ]
@@ -227,3 +230,72 @@ def critic_learner(config: TrainConfig, model, *, sync=None) -> Learner:
 def critic_model_config(config: TrainConfig):
     """The ``ModelConfig`` a critic loads its body from (the policy's base model)."""
     return replace(config.model, path=base_path(config))
+
+
+def rollout_flows(
+    config: TrainConfig,
+    tokenizer,
+    *,
+    flow: AgentFlow | None = None,
+    eval_flow: AgentFlow | None = None,
+    make_env: Callable[[], Any] | None = None,
+    with_eval: bool = True,
+) -> tuple[AgentFlow, AgentFlow | None]:
+    """The training flow and the evaluation flow (None without ``with_eval``): ``flow`` / ``eval_flow``
+    when given, else ``agent_loop``s over ``make_env`` (default: ``env_factory``) with the rollout and
+    the evaluation sampling settings."""
+    if flow is None or (eval_flow is None and with_eval):
+        make_env = make_env or env_factory(config, tokenizer)
+    flow = flow or agent_loop(config, tokenizer, make_env, sampling_params(config))
+    if eval_flow is None and with_eval and make_env is not None:
+        eval_flow = agent_loop(config, tokenizer, make_env, eval_sampling_params(config))
+    return flow, eval_flow
+
+
+def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None):
+    """The configured engine (``rollout.engine`` with ``rollout.engine_kwargs``) over ``source``: a
+    loaded model (the HF engine), or by default the weights at ``model.path``, loaded frozen (on
+    ``device`` for the HF engine; None: the CPU). An engine that cannot be built here is a
+    ``ConfigError`` naming ``rollout.engine``."""
+    from agent_r1.rollout.factory import EngineUnavailable, build_engine
+
+    rollout = config.rollout
+    try:
+        return build_engine(
+            rollout.engine,
+            base_path(config) if source is None else source,
+            tokenizer=tokenizer,
+            dtype=config.model.dtype,
+            max_batch_size=rollout.max_batch_size,
+            device=device,
+            **rollout.engine_kwargs,
+        )
+    except EngineUnavailable as error:
+        raise ConfigError("rollout.engine", str(error)) from None
+
+
+def build_learners(
+    config: TrainConfig,
+    model,
+    device,
+    *,
+    data_parallel: Callable[[Any, Callable[[], Any]], Any] | None = None,
+) -> tuple[Learner, Learner | None]:
+    """The policy's ``Learner`` over ``model`` (with the frozen reference for the KL term) and, for
+    estimators that read values, the critic's (a value head on its own copy of the policy's body).
+
+    ``data_parallel(model, replica)``: on a rank of a learner group, the ``GradientSync`` strategy
+    that wraps a model (``replica()`` builds an unsharded copy of it); None in one process, where the
+    critic is moved to ``device`` (the policy is already there)."""
+    sync = None if data_parallel is None else data_parallel(model, lambda: load_policy(config.model))
+    policy = policy_learner(config, model, reference=load_reference(config, model, device), sync=sync)
+    if estimator_needs(config).critic is None:
+        return policy, None
+    from agent_r1.train.critic import load_critic
+
+    critic_config = critic_model_config(config)
+    critic_model = load_critic(critic_config)
+    if data_parallel is None:
+        return policy, critic_learner(config, critic_model.to(device))
+    critic_sync = data_parallel(critic_model, lambda: load_critic(critic_config))
+    return policy, critic_learner(config, critic_model, sync=critic_sync)

@@ -5,7 +5,9 @@
 - ``model/``: the policy in Hugging Face format (``save_pretrained``; with LoRA, the adapter only),
   loadable on its own with ``from_pretrained`` / ``PeftModel.from_pretrained``;
 - ``learner.pt``: optimizer and learning-rate schedule state;
-- ``trainer_state.pt``: the step counter and the Python / NumPy / torch RNG states;
+- ``trainer_state.pt``: the step counter and the Python / NumPy / torch RNG states (and, with a
+  critic, its weights and learner state: ``with_critic`` / ``split_critic``, the one format of the
+  local and the Ray learner);
 - ``manifest.json``: ``{"files": {relative path: {"size": bytes, "sha256": hex}}}`` of every other file.
 
 A checkpoint is written under ``.tmp-step_000010`` and renamed into place once complete, so a process
@@ -46,6 +48,8 @@ __all__ = [
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "split_critic",
+    "with_critic",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,6 +73,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+
+
+def with_critic(trainer_state: dict, weights: dict, learner_state: dict) -> dict:
+    """``trainer_state`` with the critic's ``weights`` (a state dict) and ``learner_state`` (optimizer,
+    schedule) riding in it: the policy fills ``model/`` and ``learner.pt``, the critic rides here."""
+    return {**trainer_state, "critic": {"model": weights, "learner": learner_state}}
+
+
+def split_critic(trainer_state: dict) -> tuple[dict, tuple[dict, dict] | None]:
+    """(``trainer_state`` without the critic's, the critic's (weights, learner state) as
+    ``with_critic`` stored them, or None when the run had no critic)."""
+    rest = dict(trainer_state)
+    critic = rest.pop("critic", None)
+    return rest, None if critic is None else (critic["model"], critic["learner"])
 
 
 def _is_peft(model) -> bool:

@@ -1,4 +1,4 @@
-"""The run directory (layout fixed in CONTRACTS.md; the report and viewer read it).
+"""The run directory (the layout below, documented in docs/training.md; the report and viewer read it).
 
 ```
 RUN_DIR/

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.base import AgentEnv
-from agent_r1.flows.base import observation_ids
+from agent_r1.models.tokens import observation_ids
 from agent_r1.train.batching import TrainSequence, build_sequences
 from agent_r1.types import Action, Step, Task, Trajectory
 

@@ -54,14 +54,12 @@ import torch
 from agent_r1.algos import compute_advantages, kl_reward_penalty, off_policy_correction
 from agent_r1.flows.base import AgentFlow
 from agent_r1.report.annotate import annotate
-from agent_r1.train.backends import local_learner, local_rollout
+from agent_r1.train.backends import BackendParts, backend_config, make_backends
 from agent_r1.train.batch import TrainBatch, build_batch, prefix_pair_cost
 from agent_r1.train.builders import (
-    check_attention,
     estimator_needs,
     load_config_tokenizer,
     policy_objective,
-    resolve_device,
     value_objective,
 )
 from agent_r1.train.checkpoint import rng_state, set_rng_state
@@ -69,7 +67,7 @@ from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.data import TaskSampler, config_tasks
 from agent_r1.train.evaluation import evaluate_rollouts
 from agent_r1.train.health import ZeroVarianceWatch, rollout_health
-from agent_r1.train.learner import TokenLoss, load_policy
+from agent_r1.train.learner import TokenLoss
 from agent_r1.train.process import apply_process_settings
 from agent_r1.train.progress import progress_bar
 from agent_r1.train.resume import ResumeMode, resume_checkpoint
@@ -164,20 +162,8 @@ class Trainer:
         allow_config_change: bool = False,
         runtime_env: dict | None = None,
     ) -> None:
-        on_ray = config.distributed.backend == "ray"
-        if on_ray:
-            given = {"model": model, "engine": engine, "flow": flow, "eval_flow": eval_flow}
-            given["env_factory"] = env_factory
-            passed = sorted(name for name, value in given.items() if value is not None)
-            if passed:
-                raise ConfigError(
-                    "distributed.backend",
-                    f"'ray' builds every model, engine and flow in its actors from the config; "
-                    f"{', '.join(passed)} cannot be passed in (set env.name / env.kwargs instead)",
-                )
-            from agent_r1.distributed.backends import absolute_paths
-
-            config = absolute_paths(config)
+        # Checked before anything starts: Ray refuses objects built here, and reads absolute paths.
+        config = backend_config(config, BackendParts(model, engine, flow, eval_flow, env_factory))
         self.config = config
         # Checked first: a refused resume should not wait for a model to load.
         self.resume_from = resume_checkpoint(config, resume, allow_config_change=allow_config_change)
@@ -196,46 +182,20 @@ class Trainer:
         self.reward_fn = reward_fn
         self.objective = objective or policy_objective(config)
         self.value_objective = value_objective(config)
-        self.model = None  # the policy, when it lives in this process
-        if on_ray:
-            from transformers import AutoConfig
-
-            from agent_r1.distributed.backends import ray_backends
-
-            model_config = AutoConfig.from_pretrained(config.model.path)
-            learner_device = "cuda" if config.distributed.learner_num_gpus > 0 else "cpu"
-            self.rollouts, self.learner = ray_backends(config, runtime_env)
-        else:
-            check_attention(config)
-            device = resolve_device(config)
-            given_model = model is not None
-            if model is None:
-                if not config.model.path:
-                    raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
-                model = load_policy(config.model).to(device)
-            self.model = model
-            model_config = model.config
-            learner_device = next(model.parameters()).device
-            self.rollouts = local_rollout(
-                config,
-                self.tokenizer,
-                model=model,
-                engine=engine,
-                flow=flow,
-                eval_flow=eval_flow,
-                make_env=env_factory,
-                with_eval=self.val_tasks is not None,
-                background=config.trainer.mode == "async",
-            )
-            try:
-                self.learner = local_learner(config, self.tokenizer, model, next(model.parameters()).device)
-            except BaseException:
-                self.rollouts.close()
-                raise
-            if given_model and self.rollouts.owns_engine and not self.rollouts.shares_model:
-                # An engine that loaded model.path (vLLM) must start from the policy passed in.
-                self.rollouts.update_weights(self.learner.weights(), 0)
-        self.pair_cost = prefix_pair_cost(config, model_config, learner_device)
+        backends = make_backends(
+            config,
+            self.tokenizer,
+            model=model,
+            engine=engine,
+            flow=flow,
+            eval_flow=eval_flow,
+            env_factory=env_factory,
+            with_eval=self.val_tasks is not None,
+            runtime_env=runtime_env,
+        )
+        self.rollouts, self.learner = backends.rollouts, backends.learner
+        self.model = backends.model  # the policy, when it lives in this process
+        self.pair_cost = prefix_pair_cost(config, backends.model_config, backends.learner_device)
         self.policy_version = 0
         self.engine_version = 0  # the policy version the rollout backend samples with
         self.step = 0

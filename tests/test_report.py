@@ -645,3 +645,12 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
     assert problems == []
     assert requests == [report.as_uri()], "the page fetched nothing but itself"
     assert shot.stat().st_size > 10_000
+
+
+def test_a_finished_run_whose_report_cannot_be_written_logs_it_and_keeps_the_run(tmp_path, caplog):
+    from agent_r1.report.html import write_finished_report
+
+    missing = tmp_path / "not_a_run"  # no metrics.jsonl, no config: load_run raises
+    with caplog.at_level("WARNING", logger="agent_r1.report.html"):
+        assert write_finished_report(missing) is None
+    assert f"could not write {missing}/report.html" in caplog.text

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from agent_r1.report.run import RunData, load_run, metric_series
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CHART_ORDER",
@@ -25,6 +28,7 @@ __all__ = [
     "overlap_fraction",
     "phase_timeline",
     "render_html",
+    "write_finished_report",
     "write_report",
 ]
 
@@ -250,3 +254,13 @@ def write_report(
     tmp.write_text(render_html(run), encoding="utf-8")
     tmp.replace(out)
     return out
+
+
+def write_finished_report(run_dir: str | Path) -> Path | None:
+    """``write_report`` at the end of a training run: the run is complete on disk by then, so a report
+    that cannot be written is logged, not raised (``agent-r1 report RUN_DIR`` retries it)."""
+    try:
+        return write_report(run_dir)
+    except Exception as error:  # the trained run must not be lost to its report
+        logger.warning("could not write %s/report.html: %s: %s", run_dir, type(error).__name__, error)
+        return None

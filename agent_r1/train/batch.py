@@ -40,7 +40,7 @@ from agent_r1.train.batching import (
 from agent_r1.train.learner import MASKABLE_KERNELS
 from agent_r1.types import Trajectory, TrajectoryGroup, TrajectoryStatus
 
-__all__ = ["TrainBatch", "build_batch", "hash_seed", "prefix_pair_cost"]
+__all__ = ["TrainBatch", "build_batch", "hash_seed", "keep_groups", "prefix_pair_cost"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,27 @@ class TrainBatch:
         num_steps = len(self.rows.steps)
         summed_N = torch.zeros(num_steps).index_add_(0, step_T, flat * mask_T)
         return (summed_N / torch.zeros(num_steps).index_add_(0, step_T, mask_T).clamp(min=1)).tolist()
+
+
+def keep_groups(
+    groups: Sequence[TrajectoryGroup], *, dynamic_filter: bool
+) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """The groups a batch is built from: each without its ERROR and step-less trajectories (none
+    left: the group is dropped) and, with ``dynamic_filter`` (DAPO, arXiv 2503.14476), without the
+    groups whose rewards all agree (zero advantage under a group baseline); and the filter's counts."""
+    kept = []
+    zero_variance = 0
+    for group in groups:
+        usable = tuple(t for t in group.trajectories if t.status is not TrajectoryStatus.ERROR and t.steps)
+        if not usable:
+            continue
+        rewards = [t.total_reward for t in usable]
+        if max(rewards) - min(rewards) < 1e-9:
+            zero_variance += 1
+            if dynamic_filter:
+                continue
+        kept.append(replace(group, trajectories=usable))
+    return kept, {"filter/kept_groups": float(len(kept)), "filter/zero_variance_groups": float(zero_variance)}
 
 
 def build_batch(

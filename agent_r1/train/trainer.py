@@ -54,8 +54,9 @@ import torch
 from agent_r1.algos import compute_advantages, kl_reward_penalty, off_policy_correction
 from agent_r1.flows.base import AgentFlow
 from agent_r1.report.annotate import annotate
+from agent_r1.report.html import write_finished_report
 from agent_r1.train.backends import BackendParts, backend_config, make_backends
-from agent_r1.train.batch import TrainBatch, build_batch, prefix_pair_cost
+from agent_r1.train.batch import TrainBatch, build_batch, keep_groups, prefix_pair_cost
 from agent_r1.train.builders import (
     estimator_needs,
     load_config_tokenizer,
@@ -74,7 +75,7 @@ from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.run_dir import RunDir
 from agent_r1.train.summary import RewardFn, rollout_metrics, score_groups, trajectory_success
 from agent_r1.train.update import ppo_update
-from agent_r1.types import Task, TrajectoryGroup, TrajectoryStatus
+from agent_r1.types import Task, TrajectoryGroup
 
 __all__ = ["Trainer", "train"]
 
@@ -242,7 +243,7 @@ class Trainer:
             self.run_dir.close()
             self.close()
         if self.config.logging.report:
-            self._write_report()
+            write_finished_report(self.run_dir.path)
         return last
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -386,27 +387,8 @@ class Trainer:
         return score_groups(groups, tasks, self.reward_fn)
 
     def filter(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-        """Phase 4: drop ERROR and empty trajectories; with ``dynamic_filter``, drop groups whose
-        rewards all agree (DAPO)."""
-        kept = []
-        zero_variance = 0
-        for group in groups:
-            usable = tuple(
-                t for t in group.trajectories if t.status is not TrajectoryStatus.ERROR and t.steps
-            )
-            if not usable:
-                continue
-            rewards = [t.total_reward for t in usable]
-            if max(rewards) - min(rewards) < 1e-9:
-                zero_variance += 1
-                if self.config.algorithm.dynamic_filter:
-                    continue
-            kept.append(replace(group, trajectories=usable))
-        metrics = {
-            "filter/kept_groups": float(len(kept)),
-            "filter/zero_variance_groups": float(zero_variance),
-        }
-        return kept, metrics
+        """Phase 4: the groups that train (``agent_r1.train.batch.keep_groups``)."""
+        return keep_groups(groups, dynamic_filter=self.config.algorithm.dynamic_filter)
 
     def batch(self, groups: list[TrajectoryGroup], step: int) -> TrainBatch:
         """Phase 5: the step's one batch (``agent_r1.train.batch``): token layout, step table,
@@ -544,18 +526,6 @@ class Trainer:
             means = batch.step_means(batch.tokens.advantages)
             advantage_of = {id(s): v for s, v in zip(batch.rows.steps, means, strict=True)}
         return annotate(groups, self.tokenizer, trajectory_success, advantage_of)
-
-    def _write_report(self) -> None:
-        """``RUN_DIR/report.html`` (``agent-r1 report``). The run is complete on disk by now, so a
-        report that cannot be written is logged, not raised: ``agent-r1 report RUN_DIR`` retries it."""
-        from agent_r1.report.html import write_report
-
-        try:
-            write_report(self.run_dir.path)
-        except Exception as error:  # the trained run must not be lost to its report
-            logger.warning(
-                "could not write %s/report.html: %s: %s", self.run_dir.path, type(error).__name__, error
-            )
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -182,7 +182,14 @@ def test_tools_reset_text_and_trls_reward_arguments():
     # recording_reward: 0.25 x 6 completion messages, weight 2; bonus attribute 0.5; get_reward 1.0
     assert last.info["trl_rewards"] == {"recording_reward": 1.5, "bonus": 0.5, "get_reward": 1.0}
     assert last.outcome_reward == 2 * 1.5 + 0.5 + 1.0 and last.info["success"] is True
-    assert last.metrics == {"calls": 2.0}
+    # log_metric's counter beside ToolEnv's own counts (a final answer: no calls)
+    assert last.metrics == {
+        "calls": 2.0,
+        "tools/calls_per_step": 0.0,
+        "tools/parse_errors_per_step": 0.0,
+        "tools/tool_errors_per_step": 0.0,
+        "tools/near_misses_per_step": 0.0,
+    }
     assert all(r.outcome_reward is None and r.reward == 0.0 for r in results[:-1])
     (seen,) = SEEN
     assert seen["prompts"] == [[{"role": "user", "content": "Reach ten. Start at 4."}]]

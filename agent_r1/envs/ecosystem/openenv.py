@@ -276,13 +276,13 @@ class InProcessSession:
         self._thread = _EpisodeThread(f"openenv-{environment.__name__}")
 
     async def _call(self, what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.failure is not None:
+            raise self.failure
         call = (
             function(*args, **kwargs)
             if inspect.iscoroutinefunction(function)
             else (self._thread.call(function, *args, **kwargs))
         )
-        if self.failure is not None:
-            raise self.failure
         try:
             return await asyncio.wait_for(call, self.timeout_s)
         except asyncio.TimeoutError:
@@ -401,7 +401,10 @@ class RemoteSession:
                 result = await asyncio.wait_for(self.client.step(action), self.timeout_s)
             except RuntimeError as error:
                 if "VALIDATION_ERROR" in str(error):
-                    raise ActionRejected(f"the environment's server rejected it ({error})") from error
+                    shown = action if isinstance(action, Mapping) else getattr(action, "__dict__", action)
+                    raise ActionRejected(
+                        f"the environment's server rejected {json.dumps(shown, default=str)} (VALIDATION_ERROR)"
+                    ) from error
                 raise self._failed("step", error) from error
             except Exception as error:
                 raise self._failed("step", error) from error
@@ -502,6 +505,8 @@ class LocalServer:
         """For error messages: whether the process exited, with what code, and its last log lines."""
         if self.process is None:
             return ""
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a process that is dying: let it finish
+            self.process.wait(0.5)
         code = self.process.poll()
         state = "still running" if code is None else f"exited with code {code}"
         tail = self.log_tail()
@@ -750,6 +755,7 @@ class OpenEnvEnv(AgentEnv):
             if hook is not None and not callable(hook):
                 raise TypeError(f"OpenEnvEnv {name} must be {_HOOK}, got {hook!r}")
         self.text_field: str | None = None
+        self.rejection_hint = ""
         if self.parse_action is None and self.action_class is not None and tools is not True:
             # Checked here so a config error shows before any rollout (a tool environment needs none).
             text_field(self.action_class.model_json_schema(), self.action_class.__name__)
@@ -823,6 +829,13 @@ class OpenEnvEnv(AgentEnv):
             )
         else:
             schema = await self.session.query(_action_schema, "reading the action schema at /schema")
+            # The server says only "Invalid message" for an action it rejects: show the model the fields.
+            fields = {
+                name: {k: v for k, v in spec.items() if k not in ("title", "description")}
+                for name, spec in schema.get("properties", {}).items()
+                if name != "metadata"
+            }
+            self.rejection_hint = f"; the action's fields: {json.dumps(fields)[:300]}"
         try:
             self.text_field = text_field(schema, schema.get("title", "Action"))
         except ValueError as error:
@@ -866,7 +879,9 @@ class OpenEnvEnv(AgentEnv):
         try:
             reply: Reply | None = await self.session.step(self._to_action(content))
             invalid = None
-        except ValueError as error:  # the hook, the Action's validation, or the server refused it
+        except ActionRejected as error:
+            reply, invalid = None, f"Invalid action: {error}{self.rejection_hint}"
+        except ValueError as error:  # the hook or the Action's validation refused it
             reply, invalid = None, f"Invalid action: {_validation_message(error)}"
         metrics = {"invalid_actions": float(invalid is not None)}
         reward = reply.reward if reply else 0.0

@@ -548,3 +548,17 @@ def test_training_openenvs_own_template_served_by_its_own_server(tiny_checkpoint
             assert step.metrics == {"invalid_actions": 0.0}
         assert trajectory.outcome_reward == 0.0 and trajectory.info["success"] is False
     trainer.close()
+
+
+@pytest.mark.slow
+def test_the_benchmark_arm_runs_quick():
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    try:
+        import eco_openenv
+    finally:
+        sys.path.remove(str(TESTS.parent / "benchmarks"))
+    result = eco_openenv.run(seed=0, quick=True)
+    assert {"env", "metric", "before", "after", "tasks", "rl_steps", "seconds"} <= set(result)
+    assert result["tasks"] == 24 and result["rl_steps"] == 2
+    assert 0.0 <= result["before"] <= 1.0 and 0.0 <= result["after"] <= 1.0
+    assert 0.0 < result["demonstrator_success"] < 1.0  # demonstrations replayed through the server

@@ -323,7 +323,7 @@ class InProcessSession:
 
     async def close(self) -> None:
         try:
-            if self.env is not None:
+            if self.env is not None and self.failure is None:  # a failed env may be stuck: leave it
                 await self._call("close", self.env.close)
         finally:
             self._thread.stop()

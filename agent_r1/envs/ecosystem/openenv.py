@@ -425,6 +425,22 @@ class RemoteSession:
 # ------------------------------------------------------------------------------------------------
 
 
+# ``python -m uvicorn ...`` that also exits when the process that started it is gone: atexit does not
+# run when the trainer is killed (SIGTERM, SIGKILL), and an orphaned server would run forever.
+_SERVE_WHILE_PARENT_LIVES = """
+import os, sys, threading, time
+parent = os.getppid()
+def watch():
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+from uvicorn.main import main
+sys.argv[0] = "uvicorn"
+main()
+"""
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -443,8 +459,9 @@ def _http(url: str, payload: Mapping[str, Any] | None = None, timeout: float = 5
 
 
 class LocalServer:
-    """An OpenEnv app served by ``python -m uvicorn APP --host 127.0.0.1 --port PORT`` in a process
+    """An OpenEnv app served by uvicorn (``uvicorn APP --host 127.0.0.1 --port PORT``) in a process
     of its own, shared by every env of this process that names the same app (``LocalServer.shared``).
+    The server exits when this process does, also when it is killed.
 
     Its output goes to a log file whose last lines are quoted when it fails. ``stop_all`` (also run
     at exit) stops every server this process started.
@@ -459,7 +476,7 @@ class LocalServer:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        startup_timeout_s: float = 60.0,
+        startup_timeout_s: float = 180.0,
     ) -> None:
         self.app, self.cwd = app, os.path.abspath(cwd or os.getcwd())
         self.env, self.startup_timeout_s = dict(env or {}), startup_timeout_s
@@ -518,7 +535,8 @@ class LocalServer:
         for _attempt in range(3):  # a free port can be taken between choosing it and binding it
             port = _free_port()
             self.base_url = f"http://127.0.0.1:{port}"
-            command = [sys.executable, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", str(port)]
+            command = [sys.executable, "-c", _SERVE_WHILE_PARENT_LIVES, self.app, "--host", "127.0.0.1"]
+            command += ["--port", str(port)]
             command += ["--app-dir", self.cwd, "--log-level", "warning"]
             with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
                 self.process = subprocess.Popen(
@@ -528,7 +546,6 @@ class LocalServer:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
                 )
             if self._wait_healthy():
                 return
@@ -648,7 +665,7 @@ class OpenEnvEnv(AgentEnv):
     - ``environment``: ``"module:Class"``, an OpenEnv ``Environment`` subclass run in this process,
       one instance per trajectory, built with ``environment_kwargs``.
     - ``server``: ``{app: "module:app", cwd: folder the module is imported from (default: the
-      working directory), env: {VAR: value} for the server process, startup_timeout_s: 60}``; the
+      working directory), env: {VAR: value} for the server process, startup_timeout_s: 180}``; the
       adapter starts uvicorn on 127.0.0.1 at a free port, once per process and app.
     - ``base_url``: ``"http://host:port"`` of a server already running.
     - ``client``: ``"module:Class"``, the environment's own ``EnvClient`` subclass (typed

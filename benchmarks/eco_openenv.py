@@ -11,14 +11,17 @@ OpenEnv's ``done`` with reward 1 (the goal reached within the budget).
 
 The prompt is the system prompt and the newest observation only (``context: latest_observation``,
 registered below with agent-r1's public ``register_context_policy``): gridwalk's own context, the
-current cell. With the whole history appended the tiny model's warm start did not learn to copy the
-direction from the last message (held-out success 0 after 400 demonstrations and 2 or 5 epochs).
+current cell.
 
 Warm start: the tiny model (``build_tiny``) cloned on demonstrations that always move toward the
 goal (``gridwalk.demonstrate`` without its sidestepping habit), each replayed through the served
-environment (``agent_r1.train.sft``), kept short so that RL has signal and something to fix. Then
-GRPO with PPO-clip through the real ``Trainer`` for ``rl_steps`` steps; ``Trainer.fit`` evaluates
-before the first and after the last step.
+environment (``agent_r1.train.sft``); one epoch, so that RL has signal and something to fix (two
+epochs left little: 0.95 held-out before RL; one epoch of 120 demonstrations left none). With
+``gridwalk.demonstrate``'s sidesteps, 2 epochs of 400 demonstrations left the tiny model's moves at
+chance, with this context and with the whole history appended (5 epochs too); the clean demonstrator
+with the history appended was not tried. Then GRPO with PPO-clip through
+the real ``Trainer`` for ``rl_steps`` steps; ``Trainer.fit`` evaluates before the first and after
+the last step.
 
     python benchmarks/eco_openenv.py            # full: ~10 min on 2 shared cores
     python benchmarks/eco_openenv.py --quick    # a smoke run, under a minute
@@ -56,8 +59,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 @register_context_policy
 class LatestObservation(ContextPolicy):
     """The system prompt and the newest observation only: gridwalk's own context (the current cell,
-    ``agent_r1/tasks/gridwalk.py``). With the whole history appended, the tiny model's warm start
-    (400 demonstrations, 2 and then 5 epochs) stayed at chance: P(a move toward the goal) ~ 1/4."""
+    ``agent_r1/tasks/gridwalk.py``), whatever the conversation before it."""
 
     name = "latest_observation"
 
@@ -79,7 +81,7 @@ ENV_KWARGS = {
 # gridwalk.demonstrate is for the credit-assignment benchmark, benchmarks/credit.py).
 DEMONSTRATE = functools.partial(gridwalk.demonstrate, error_rate=0.0)
 FULL = {
-    "sft_demos": 120,
+    "sft_demos": 400,
     "sft_epochs": 1,
     "sft_batch": 32,
     "rl_steps": 16,

@@ -84,10 +84,10 @@ FULL = {
     "sft_demos": 400,
     "sft_epochs": 1,
     "sft_batch": 32,
-    "rl_steps": 16,
+    "rl_steps": 32,
     "tasks_per_step": 8,
     "n": 8,
-    "eval_n": 4,
+    "eval_n": 8,
 }
 QUICK = {
     "sft_demos": 48,

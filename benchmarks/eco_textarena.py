@@ -137,5 +137,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--game", choices=sorted(ARMS), help="run this game's arm only")
     args = parser.parse_args()
-    print(json.dumps(run(args.seed, args.quick), indent=2), file=sys.stdout)
+    if args.game:
+        with tempfile.TemporaryDirectory(prefix="eco_textarena-") as tmp:
+            result = run_game(args.game, args.seed, QUICK if args.quick else FULL, Path(tmp))
+    else:
+        result = run(args.seed, args.quick)
+    print(json.dumps(result, indent=2), file=sys.stdout)

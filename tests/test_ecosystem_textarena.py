@@ -373,6 +373,39 @@ def test_bad_options_raise_at_construction(kwargs, message):
         TextArenaEnv(TOKENIZER, **kwargs)
 
 
+def test_a_multi_player_state_is_not_taken_for_a_single_player_game():
+    """TextArena's multi-player states accept one player (PublicGoodsGame then loops forever once
+    its one player is eliminated): the probe keeps one player for SinglePlayerState games only."""
+    _, _, env = play({"id": "p", "seed": 0}, [], game="PublicGoodsGame-v0")
+    assert env.num_players == 2
+
+
+def test_a_game_call_that_never_returns_times_out(monkeypatch):
+    from textarena.envs.TicTacToe.env import TicTacToeEnv
+
+    def forever(self, action):
+        while True:
+            pass
+
+    monkeypatch.setattr(TicTacToeEnv, "step", forever)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"TicTacToe-v0 did not return within 0.5 s"):
+        play({"id": "t", "seed": 0}, ["[4]"], game="TicTacToe-v0", call_timeout_s=0.5)
+    assert time.monotonic() - start < 30
+
+
+def test_a_game_that_cannot_be_imported_here_says_so(monkeypatch):
+    # As textarena 0.7.4's Chess, Checkers, Klondike do on Python 3.11 (f-strings of Python 3.12).
+    import textarena
+
+    def make(game, **kwargs):
+        raise SyntaxError("f-string: unmatched '['")
+
+    monkeypatch.setattr(textarena, "make", make)
+    with pytest.raises(ValueError, match=r"TextArena game Chess-v0 cannot be imported here: SyntaxError"):
+        play({"id": "c", "seed": 0}, [], game="Chess-v0")
+
+
 def test_a_game_needing_an_nltk_corpus_fails_at_once_naming_it_and_never_downloads():
     import nltk
 

@@ -33,6 +33,9 @@ import contextlib
 import json
 import random
 import re
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -165,6 +168,37 @@ def _offline_nltk(game: str) -> Iterator[None]:
         nltk.download = original
 
 
+@contextlib.contextmanager
+def _time_limit(seconds: float | None, game: str) -> Iterator[None]:
+    """Raise ``TimeoutError`` in a synchronous call that runs past ``seconds`` (SIGALRM; main thread
+    only). An alarm already pending that is due sooner (e.g. pytest-timeout's) is left alone; one due
+    later is re-armed afterwards with what is left of it."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending, _ = signal.getitimer(signal.ITIMER_REAL)
+    if pending and pending <= seconds:
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(
+            f"TextArena game {game} did not return within {seconds} s (a game that loops forever, e.g. "
+            "a multi-player state once every player is eliminated); env.kwargs.call_timeout_s sets the limit"
+        )
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    start = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if pending:
+            signal.setitimer(signal.ITIMER_REAL, max(pending - (time.monotonic() - start), 1e-3))
+
+
 # ------------------------------------------------------------------------------------- opponents
 
 
@@ -229,6 +263,9 @@ class TextArenaEnv(AgentEnv):
             ``{"max_number": 10}`` for GuessTheNumber).
         success_threshold: a single-player game counts as solved (``win``) when its reward is at least
             this (GuessTheNumber gives 1 on a hit and a closeness score below 1 otherwise).
+        call_timeout_s: the longest one TextArena call may run before ``TimeoutError`` (TextArena's
+            multi-player states loop forever once every player is eliminated); enforced with
+            SIGALRM, so on the main thread only; None: no limit.
 
     Rewards: the game's reward for the seat (``close()``), once, as ``outcome_reward``: +1 / -1 / 0
     for win / loss / draw in TextArena's two-player games (an invalid move twice in a row loses).
@@ -251,6 +288,7 @@ class TextArenaEnv(AgentEnv):
         max_turns: int = 32,
         game_kwargs: dict[str, Any] | None = None,
         success_threshold: float = 1.0,
+        call_timeout_s: float | None = 60.0,
     ) -> None:
         _textarena()
         require_chat_template(tokenizer)
@@ -271,6 +309,7 @@ class TextArenaEnv(AgentEnv):
         self.max_turns = max_turns
         self.game_kwargs = dict(game_kwargs or {})
         self.success_threshold = success_threshold
+        self.call_timeout_s = call_timeout_s
         self._game: Any = None
 
     # -- episode
@@ -349,7 +388,7 @@ class TextArenaEnv(AgentEnv):
         outside = random.getstate()
         random.setstate(self._rng_state)
         try:
-            with _offline_nltk(self.game_id):
+            with _offline_nltk(self.game_id), _time_limit(self.call_timeout_s, self.game_id):
                 return fn()
         finally:
             self._rng_state = random.getstate()
@@ -373,8 +412,17 @@ class TextArenaEnv(AgentEnv):
             raise ValueError(
                 f"TextArenaEnv: game_kwargs {self.game_kwargs} for {self.game_id}: {error}"
             ) from error
+        except (ImportError, SyntaxError) as error:  # e.g. a game written for a newer Python
+            if isinstance(error, MissingCorpusError):
+                raise
+            raise ValueError(
+                f"TextArena game {self.game_id} cannot be imported here: {type(error).__name__}: {error}"
+            ) from error
 
     def _start_game(self, seed: int | None) -> int:
+        """Make and reset the game; the player count is ``num_players``, else probed: 1 for a game
+        whose state is TextArena's ``SinglePlayerState`` (its multi-player states accept one player
+        too, and some then loop forever), else 2."""
         candidates = [self.num_players_wanted] if self.num_players_wanted else [1, 2]
         refusals = []
         for n in candidates:
@@ -383,6 +431,10 @@ class TextArenaEnv(AgentEnv):
                 self._call(lambda game=game, n=n: game.reset(num_players=n, seed=seed))
             except (AssertionError, ValueError) as error:
                 refusals.append(f"{n}: {error}")
+                continue
+            single = isinstance(getattr(_innermost(game), "state", None), _textarena().SinglePlayerState)
+            if self.num_players_wanted is None and n == 1 and not single:
+                refusals.append("1: not a single-player game")
                 continue
             self._game = game
             self._base = _innermost(game)
@@ -441,6 +493,11 @@ class TextArenaEnv(AgentEnv):
     def _end(self, info: dict[str, Any], invalid: bool) -> StepResult:
         rewards, game_info = self._call(self._game.close)
         rewards = dict(rewards or {})
+        bad = {pid: r for pid, r in rewards.items() if isinstance(r, bool) or not isinstance(r, int | float)}
+        if bad:
+            raise RuntimeError(
+                f"TextArena game {self.game_id} returned non-numeric rewards {bad} (a bug in the game)"
+            )
         mine = float(rewards.get(self.seat, 0.0))
         others = [float(r) for pid, r in rewards.items() if pid != self.seat]
         if self.num_players == 1:

@@ -45,13 +45,14 @@ ARMS = {
         "env_kwargs": {},
         "seats": (0, 1),
         "player": players.TicTacToePlayer,
-        "metric": "held-out win rate vs random (both seats, greedy)",
+        "metric": "held-out win rate vs random (both seats, T=1, 4 samples per game)",
     },
     "GuessTheNumber-v0": {
         "env_kwargs": {"game_kwargs": {"max_number": 15, "max_turns": 3}},
         "seats": (0,),
         "player": players.GuessTheNumberPlayer,
-        "metric": "held-out success (a hit within 4 guesses, greedy)",
+        "metric": "held-out success (a hit within 4 guesses, T=1, 4 samples per seed)",
+        "full": {"sft_epochs": 6, "rl_steps": 20, "tasks_per_step": 8},  # short games: more steps
     },
 }
 FULL = {"demo_seeds": 64, "sft_epochs": 4, "rl_steps": 10, "tasks_per_step": 4, "n": 4, "eval_seeds": 16}
@@ -61,6 +62,8 @@ TRAIN_SEEDS, DEMO_SEEDS, EVAL_SEEDS = 0, 100_000, 200_000  # disjoint seed range
 
 def run_game(game: str, seed: int, sizes: dict, tmp: Path) -> dict:
     arm = ARMS[game]
+    if sizes is FULL:
+        sizes = {**FULL, **arm.get("full", {})}
     start = time.perf_counter()
     model, tokenizer = build_tiny(seed=seed)
     factory = functools.partial(TextArenaEnv, tokenizer, game=game, **arm["env_kwargs"])
@@ -85,7 +88,14 @@ def run_game(game: str, seed: int, sizes: dict, tmp: Path) -> dict:
         {
             "model": {"path": str(model_path)},
             "env": {"name": "textarena", "kwargs": {"game": game, **arm["env_kwargs"]}},
-            "rollout": {"n": sizes["n"], "max_tokens": 6, "max_steps": 8, "temperature": 1.0, "eval_n": 1},
+            "rollout": {
+                "n": sizes["n"],
+                "max_tokens": 6,
+                "max_steps": 8,
+                "temperature": 1.0,
+                "eval_temperature": 1.0,
+                "eval_n": 4,
+            },
             "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip"},
             "trainer": {
                 "steps": sizes["rl_steps"],
@@ -107,7 +117,7 @@ def run_game(game: str, seed: int, sizes: dict, tmp: Path) -> dict:
         "metric": arm["metric"],
         "before": evals[0][1],
         "after": evals[-1][1],
-        "tasks": len(val_tasks),
+        "tasks": len(val_tasks) * 4,
         "rl_steps": sizes["rl_steps"],
         "seconds": round(time.perf_counter() - start, 1),
         "sft_seconds": round(sft_s, 1),

@@ -526,3 +526,20 @@ def test_trains_a_single_player_game(tmp_path):
         t.steps[0].info["episode"]["num_players"] == 1 for t in trajectories
     )
     assert len({t.outcome_reward for t in trajectories}) > 1  # the games differ, so the batch teaches
+
+
+@pytest.mark.slow
+def test_benchmark_arm_quick_runs_both_games():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eco_textarena.py"
+    spec = importlib.util.spec_from_file_location("eco_textarena", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.run(seed=0, quick=True)
+    assert {"env", "metric", "before", "after", "tasks", "rl_steps", "seconds"} <= set(result)
+    assert result["env"] == "textarena:TicTacToe-v0" and "win rate vs random" in result["metric"]
+    assert [arm["env"] for arm in result["arms"]] == ["textarena:TicTacToe-v0", "textarena:GuessTheNumber-v0"]
+    for arm in result["arms"]:
+        assert 0.0 <= arm["before"] <= 1.0 and 0.0 <= arm["after"] <= 1.0 and arm["rl_steps"] == 1

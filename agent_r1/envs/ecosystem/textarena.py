@@ -238,8 +238,9 @@ class TextArenaEnv(AgentEnv):
         tokenizer: the policy's tokenizer (injected by the trainer); it must have a chat template.
         game: the TextArena env id, e.g. ``"TicTacToe-v0"``, ``"GuessTheNumber-v0"``; its registered
             wrappers apply (``-raw`` ids have none, ``-train`` ids their training wrappers).
-        num_players: the game's seat count; None: 1 when the game's reset accepts one player, else 2.
-            A count the game refuses is a ValueError quoting the game's reason.
+        num_players: the game's seat count; None: 1 for a game whose state is TextArena's
+            ``SinglePlayerState``, else 2 (set it for games of 3+ players). A count the game refuses
+            is a ValueError quoting the game's reason.
         opponent: who plays the other seats: ``"random"`` (a random bracketed move read off the
             seat's observation; for TextArena's boards a random legal move), ``"self"`` (the acting
             policy, with the flow's sampling params, not trained in this trajectory), an entry point
@@ -272,6 +273,9 @@ class TextArenaEnv(AgentEnv):
     Metrics (``StepResult.metrics`` -> ``env/<name>``): ``invalid_actions`` every step; ``win``,
     ``draw``, ``loss`` on the last. ``info["episode"] = {"game", "seat", "num_players", "opponent"}``
     on every step (the trajectory viewer shows it); ``info["success"]`` (= win) on the last.
+    When the other seats end the game before this seat's first move (two invalid moves of theirs),
+    the first prompt says so and the first step ends the episode with the seat's reward, whatever
+    the action.
     """
 
     def __init__(

@@ -14,7 +14,7 @@ recorded with ``play_scripted`` and replayed through the env as RL will show it.
 ``Trainer`` (``AgentEnvLoop`` rollouts, GRPO, PPO-clip), evaluated before the first and after the
 last step.
 
-    python benchmarks/eco_textarena.py            # full sizes: ~10 min on 2 idle cores
+    python benchmarks/eco_textarena.py            # full sizes: 23 + 17 min measured under load 10-20 (idle: not measured)
     python benchmarks/eco_textarena.py --quick    # a smoke run (< 1 min idle)
 """
 

@@ -328,7 +328,12 @@ def trajectory_view(trajectory: Trajectory, train_step: int, index: int) -> dict
         steps.append(_step_view(i, step, previous))
         if SUMMARY_STEP_KEY not in step.info:  # the step after a summary continues the episode's context
             previous = step
-    info = {k: v for k, v in trajectory.info.items() if k != "success"}
+    # An env's labels for the whole episode (Step.info["episode"], e.g. a game's name and the seat
+    # played: agent_r1.envs.ecosystem.textarena) are shown with the trajectory's own info.
+    episode = next(
+        (s.info["episode"] for s in trajectory.steps if isinstance(s.info.get("episode"), dict)), {}
+    )
+    info = {**episode, **{k: v for k, v in trajectory.info.items() if k != "success"}}
     return {
         "id": f"{train_step}:{index}",
         "train_step": train_step,

@@ -233,13 +233,14 @@ def _worker_for(
     python_path: list[str] | tuple[str, ...] | str = (),
     venv: str | os.PathLike | None = None,
     recycle_after: int = 64,
+    max_concurrent: int | None = 16,
     startup_timeout_s: float = 120.0,
 ) -> _Worker:
     """The running worker for this configuration (``VerifiersEnv``'s keyword arguments), started, or
     restarted after it died, if need be."""
     env_config = _env_config(taskset, taskset_config, harness, harness_config, runtime, agent)
     python = find_venv(venv) / "bin" / "python"
-    config = {"env": env_config, "recycle_after": recycle_after}
+    config = {"env": env_config, "recycle_after": recycle_after, "max_concurrent": max_concurrent}
     paths = [os.path.abspath(p) for p in ([python_path] if isinstance(python_path, str) else python_path)]
     key = json.dumps([str(python), config, paths], sort_keys=True)
     with _workers_lock:
@@ -302,7 +303,7 @@ class VerifiersEnv(AgentEnv):
 
     Config (``env.kwargs`` of ``env.name: verifiers``)::
 
-        taskset: digit_sum            # the verifiers taskset id (an importable package exporting a Taskset)
+        taskset: reverse_digits       # the verifiers taskset id (an importable package exporting a Taskset)
         taskset_config: {split: train}  # its TasksetConfig fields (verifiers' --env.taskset.*)
         harness: "null"               # the harness id, quoted in YAML: "null" (one chat loop, no tools),
                                       # "bash" (a bash/edit tool loop), ...; None: the taskset's default
@@ -315,6 +316,7 @@ class VerifiersEnv(AgentEnv):
         format: hermes                # the tool-call format parsing responses into tool_calls
         success_threshold: 1.0        # info["success"] = reward >= this
         recycle_after: 64             # episodes per loaded verifiers Env in the worker (bounds its memory)
+        max_concurrent: 16            # episodes the worker runs at once (each runs a harness process)
         startup_timeout_s: 120        # how long the worker may take to load the env
 
     Every step's ``info["gateway"]`` says whether its prompt extended an earlier call exactly
@@ -341,6 +343,7 @@ class VerifiersEnv(AgentEnv):
         format: str = "hermes",
         success_threshold: float = 1.0,
         recycle_after: int = 64,
+        max_concurrent: int | None = 16,
         startup_timeout_s: float = 120.0,
     ) -> None:
         self.worker = _worker_for(
@@ -353,6 +356,7 @@ class VerifiersEnv(AgentEnv):
             python_path=python_path,
             venv=venv,
             recycle_after=recycle_after,
+            max_concurrent=max_concurrent,
             startup_timeout_s=startup_timeout_s,
         )
         self.program = AgentProgramEnv(

@@ -3,7 +3,8 @@
 pins ``openai<3`` and ``mcp==2.0.0``, which agent-r1's own venv does not have.
 
 ``agent_r1.envs.ecosystem.verifiers`` starts it as ``python verifiers_worker.py CONFIG_JSON`` where the
-config is ``{"env": <a verifiers EnvConfig as a dict>, "recycle_after": int}``. It builds the
+config is ``{"env": <a verifiers EnvConfig as a dict>, "recycle_after": int, "max_concurrent": int | None}``
+(episodes at once; more wait their turn, as in verifiers' env server). It builds the
 verifiers ``Env`` (taskset + harness + runtime) once, listens on a localhost TCP port and prints one
 JSON line on stdout: ``{"address": [host, port], "taskset": ..., "harness": ..., "seat": ...}``, or
 ``{"error": ..., "kind": ...}`` (``kind`` ``"unknown_taskset"`` comes with ``"available"``) and exits.
@@ -110,9 +111,12 @@ class Generation:
 
 
 class Worker:
-    def __init__(self, config: dict[str, Any], env: Any, recycle_after: int) -> None:
+    def __init__(
+        self, config: dict[str, Any], env: Any, recycle_after: int, max_concurrent: int | None
+    ) -> None:
         self.config = config
         self.recycle_after = recycle_after
+        self.gate = asyncio.Semaphore(max_concurrent) if max_concurrent else contextlib.nullcontext()
         self.current = Generation(env)
         self.generations = {self.current}
 
@@ -132,6 +136,10 @@ class Worker:
         return task_cls(task_cls.data_type().model_validate(data), env.config.taskset.task)
 
     async def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        async with self.gate:
+            return await self._run(request)
+
+    async def _run(self, request: dict[str, Any]) -> dict[str, Any]:
         import verifiers.v1 as vf
 
         generation = self._generation()
@@ -261,7 +269,7 @@ async def main(config: dict[str, Any]) -> None:
         _emit(loaded)
         return
     env, described = loaded
-    worker = Worker(config["env"], env, int(config.get("recycle_after", 64)))
+    worker = Worker(config["env"], env, int(config.get("recycle_after", 64)), config.get("max_concurrent"))
     server = await asyncio.start_server(lambda r, w: handle(worker, r, w), "127.0.0.1", 0)
     host, port = server.sockets[0].getsockname()[:2]
     _emit({"address": [host, port], **described})

@@ -1,5 +1,5 @@
 """The verifiers env: a verifiers v1 taskset's harness, its model calls through the gateway, its reward
-functions as the outcome reward. The taskset is ``examples/verifiers/reverse_digits`` (verifiers' own
+functions as the outcome reward. The taskset is ``examples/verifiers/parity`` (verifiers' own
 format); verifiers itself runs in ``.venv-verifiers`` (``scripts/install_verifiers.sh``): the tests
 that need it are marked ``verifiers`` and skip without it, like the vllm tier."""
 
@@ -33,8 +33,8 @@ from agent_r1.types import SamplingParams, TrajectoryStatus, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKSETS = str(ROOT / "examples" / "verifiers")
-ROW = {"idx": 0, "id": "reverse-381", "prompt": "reverse 381", "answer": "183"}
-BASH_CALL = '<tool_call>{"name": "bash", "arguments": {"command": "echo 381 | rev"}}</tool_call>'
+ROW = {"idx": 0, "id": "parity-381", "prompt": "is 381 even?", "answer": "no"}
+BASH_CALL = '<tool_call>{"name": "bash", "arguments": {"command": "echo $((381 % 2))"}}</tool_call>'
 
 
 def _has_venv() -> bool:
@@ -54,7 +54,7 @@ def needs_venv(test):
 
 
 def env(tokenizer, **kwargs) -> VerifiersEnv:
-    return VerifiersEnv(tokenizer, "reverse_digits", python_path=[TASKSETS], timeout_s=120, **kwargs)
+    return VerifiersEnv(tokenizer, "parity", python_path=[TASKSETS], timeout_s=120, **kwargs)
 
 
 def play(tokenizer, script, task=ROW, *, max_steps: int = 4, **kwargs):
@@ -78,7 +78,7 @@ def test_a_missing_venv_is_one_error_naming_the_install_script(tiny_tokenizer, t
         find_venv()
     # From a config: the trainer's one error names env.kwargs and still the script.
     config = config_from_dict(
-        {"env": {"name": "verifiers", "kwargs": {"taskset": "reverse_digits"}}, "model": {"path": "unused"}}
+        {"env": {"name": "verifiers", "kwargs": {"taskset": "parity"}}, "model": {"path": "unused"}}
     )
     with pytest.raises(ConfigError, match="env.kwargs.*install_verifiers"):
         env_factory(config, tiny_tokenizer)()
@@ -103,7 +103,7 @@ def test_options_the_adapter_owns_are_refused_before_anything_starts(tiny_tokeni
 
 def test_registered_by_name(tiny_tokenizer, tmp_path):
     with pytest.raises(MissingPackageError):  # the registry reaches the adapter, which looks for its venv
-        make_env("verifiers", tokenizer=tiny_tokenizer, taskset="reverse_digits", venv=tmp_path)
+        make_env("verifiers", tokenizer=tiny_tokenizer, taskset="parity", venv=tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -113,36 +113,38 @@ def test_registered_by_name(tiny_tokenizer, tmp_path):
 
 @needs_venv
 def test_null_harness_one_exact_step_scored_by_the_tasksets_reward(tiny_tokenizer):
-    right = play(tiny_tokenizer, ["183"])
+    right = play(tiny_tokenizer, ["no"])
     assert right.status is TrajectoryStatus.OK, right.error
     (step,) = right.steps
     assert right.outcome_reward == 1.0 and right.info["success"] is True and step.terminated
     # The prompt is the chat template of the harness's messages, rendered by the gateway.
     expected = tiny_tokenizer.apply_chat_template(
-        [{"role": "user", "content": "reverse 381"}], add_generation_prompt=True, tokenize=True
+        [{"role": "user", "content": "is 381 even?"}], add_generation_prompt=True, tokenize=True
     )
     assert list(step.prompt_ids) == list(getattr(expected, "input_ids", expected))
     assert step.info["gateway"]["prompt"] == "fresh"
     assert step.info["verifiers"] == {
         "rewards": {"correct": 1.0},
-        "metrics": {"digits": 1.0},
+        "metrics": {"yes_no": 1.0},
         "turns": 1,
         "stop": "agent_completed",
     }
-    assert step.metrics == {"reward_correct": 1.0, "digits": 1.0, "turns": 1.0}
-    wrong = play(tiny_tokenizer, ["813"])
+    assert step.metrics == {"reward_correct": 1.0, "yes_no": 1.0, "turns": 1.0}
+    wrong = play(tiny_tokenizer, ["yes"])
     assert wrong.outcome_reward == 0.0 and wrong.info["success"] is False
-    assert wrong.steps[-1].metrics == {"reward_correct": 0.0, "digits": 1 / 3, "turns": 1.0}
+    assert wrong.steps[-1].metrics == {"reward_correct": 0.0, "yes_no": 1.0, "turns": 1.0}
+    unsure = play(tiny_tokenizer, ["maybe"])
+    assert unsure.steps[-1].metrics == {"reward_correct": 0.0, "yes_no": 0.0, "turns": 1.0}
 
 
 @needs_venv
 def test_check_env_passes(tiny_tokenizer):
-    check_env(lambda: env(tiny_tokenizer), ROW, actions=["183"], tokenizer=tiny_tokenizer)
+    check_env(lambda: env(tiny_tokenizer), ROW, actions=["no"], tokenizer=tiny_tokenizer)
 
 
 @needs_venv
 def test_bash_harness_tool_call_then_answer_extends_the_prompt_exactly(tiny_tokenizer):
-    trajectory = play(tiny_tokenizer, [BASH_CALL, "183"], harness="bash")
+    trajectory = play(tiny_tokenizer, [BASH_CALL, "no"], harness="bash")
     assert trajectory.status is TrajectoryStatus.OK, trajectory.error
     first, second = trajectory.steps
     assert first.info["gateway"]["tool_calls"] == 1 and second.info["gateway"]["prompt"] == "extends"
@@ -153,7 +155,7 @@ def test_bash_harness_tool_call_then_answer_extends_the_prompt_exactly(tiny_toke
     # The bash tool really ran (in verifiers' subprocess runtime) and its output came back.
     assert (
         delta
-        == "\n<|im_start|>user\n<tool_response>\n183\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        == "\n<|im_start|>user\n<tool_response>\n1\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
     assert '"name": "bash"' in tiny_tokenizer.decode(list(first.prompt_ids))  # the harness's tools
     assert second.metrics["turns"] == 2.0
@@ -164,7 +166,7 @@ def test_max_steps_truncates_and_the_worker_goes_on(tiny_tokenizer):
     looping = play(tiny_tokenizer, lambda prompt: BASH_CALL, harness="bash", max_steps=2)
     assert looping.status is TrajectoryStatus.OK and len(looping.steps) == 2
     assert looping.steps[-1].truncated and looping.info["truncated"] == "max_steps=2 reached"
-    after = play(tiny_tokenizer, [BASH_CALL, "183"], harness="bash")
+    after = play(tiny_tokenizer, [BASH_CALL, "no"], harness="bash")
     assert after.status is TrajectoryStatus.OK and after.outcome_reward == 1.0
 
 
@@ -172,7 +174,7 @@ def test_max_steps_truncates_and_the_worker_goes_on(tiny_tokenizer):
 def test_unknown_taskset_lists_the_available_ones(tiny_tokenizer):
     with pytest.raises(UnknownTasksetError, match="unknown verifiers taskset 'no_such_taskset'") as raised:
         VerifiersEnv(tiny_tokenizer, "no_such_taskset", python_path=[TASKSETS])
-    assert "'reverse_digits'" in str(raised.value) and "'textarena'" in str(raised.value)  # ours and built-in
+    assert "'parity'" in str(raised.value) and "'textarena'" in str(raised.value)  # ours and built-in
 
 
 @needs_venv
@@ -185,8 +187,8 @@ def test_bad_verifiers_config_is_one_error_naming_it(tiny_tokenizer):
 
 @needs_venv
 def test_a_failed_verifiers_episode_is_an_error_trajectory(tiny_tokenizer):
-    no_answer = {"id": "broken", "prompt": "reverse 381"}  # reverse_digits's rows need an answer
-    trajectory = play(tiny_tokenizer, ["183"], task=no_answer)
+    no_answer = {"id": "broken", "prompt": "is 381 even?"}  # parity's rows need an answer
+    trajectory = play(tiny_tokenizer, ["no"], task=no_answer)
     assert trajectory.status is TrajectoryStatus.ERROR and not trajectory.steps
     assert "the verifiers episode failed" in trajectory.error and "answer" in trajectory.error
 
@@ -194,7 +196,7 @@ def test_a_failed_verifiers_episode_is_an_error_trajectory(tiny_tokenizer):
 def _kill(pid: int):
     def script(prompt: str) -> str:
         os.kill(pid, signal.SIGKILL)
-        return "183"
+        return "no"
 
     return script
 
@@ -205,7 +207,7 @@ def test_a_dying_worker_is_an_error_trajectory_and_is_restarted(tiny_tokenizer):
     died = play(tiny_tokenizer, _kill(worker.process.pid), recycle_after=61)
     assert died.status is TrajectoryStatus.ERROR
     assert f"verifiers worker (pid {worker.process.pid})" in died.error and "exited with -9" in died.error
-    again = play(tiny_tokenizer, ["183"], recycle_after=61)
+    again = play(tiny_tokenizer, ["no"], recycle_after=61)
     assert again.status is TrajectoryStatus.OK and again.outcome_reward == 1.0
     assert env(tiny_tokenizer, recycle_after=61).worker.process.pid != worker.process.pid
 
@@ -217,12 +219,12 @@ def test_a_hung_worker_is_an_error_trajectory_after_timeout_s(tiny_tokenizer):
     try:
         loop = AgentEnvLoop(
             lambda: VerifiersEnv(
-                tiny_tokenizer, "reverse_digits", python_path=[TASKSETS], recycle_after=62, timeout_s=1.0
+                tiny_tokenizer, "parity", python_path=[TASKSETS], recycle_after=62, timeout_s=1.0
             ),
             tiny_tokenizer,
             SamplingParams(max_tokens=8),
         )
-        hung = asyncio.run(loop.run(ScriptedEngine(tiny_tokenizer, ["183"]), ROW))
+        hung = asyncio.run(loop.run(ScriptedEngine(tiny_tokenizer, ["no"]), ROW))
     finally:
         os.kill(worker.process.pid, signal.SIGKILL)
         worker.process.wait()
@@ -231,8 +233,8 @@ def test_a_hung_worker_is_an_error_trajectory_after_timeout_s(tiny_tokenizer):
 
 @needs_venv
 def test_rows_listing_and_export(tmp_path):
-    train = load_tasks("reverse_digits", python_path=[TASKSETS])
-    test = load_tasks("reverse_digits", python_path=[TASKSETS], overrides={"split": "test"})
+    train = load_tasks("parity", python_path=[TASKSETS])
+    test = load_tasks("parity", python_path=[TASKSETS], overrides={"split": "test"})
     assert (len(train), len(test)) == (800, 200)
     assert train[0] == {
         "idx": 0,
@@ -241,11 +243,15 @@ def test_rows_listing_and_export(tmp_path):
         "answer": train[0]["answer"],
     }
     assert not {r["id"] for r in train} & {r["id"] for r in test}  # held out
-    assert all(r["answer"] == r["prompt"].removeprefix("reverse ")[::-1] for r in train + test)
-    assert load_tasks("reverse_digits", python_path=[TASKSETS], skip=3, limit=2) == train[3:5]
+    numbers = [int(r["prompt"].split()[1]) for r in train + test]
+    assert sorted(numbers) == list(range(1000))
+    assert all(
+        r["answer"] == ("yes" if n % 2 == 0 else "no") for r, n in zip(train + test, numbers, strict=True)
+    )
+    assert load_tasks("parity", python_path=[TASKSETS], skip=3, limit=2) == train[3:5]
     out = tmp_path / "val.jsonl"
     subprocess.run(
-        [sys.executable, "-m", "agent_r1.envs.ecosystem.verifiers", "export", "reverse_digits", str(out),
+        [sys.executable, "-m", "agent_r1.envs.ecosystem.verifiers", "export", "parity", str(out),
          "--python-path", TASKSETS, "--taskset-config", '{"split": "test"}'],
         check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
     )  # fmt: skip
@@ -264,7 +270,7 @@ def test_training_a_verifiers_taskset_end_to_end(tiny_checkpoint, tmp_path):
     sees reward variance."""
     plugged = {"ascii": {"fn": f"{ROOT / 'tests' / 'verifiers_rewards.py'}:ascii_share", "weight": 1.0}}
     kwargs = {
-        "taskset": "reverse_digits",
+        "taskset": "parity",
         "taskset_config": {"task": {"rewards": plugged}},
         "python_path": [TASKSETS],
         "timeout_s": 120,
@@ -301,6 +307,6 @@ def test_training_a_verifiers_taskset_end_to_end(tiny_checkpoint, tmp_path):
     logged = [r for r in rows if "reward/mean" in r]
     assert len(logged) == 2
     assert all(
-        {"env/reward_correct", "env/reward_ascii", "env/digits", "env/turns"} <= set(r) for r in logged
+        {"env/reward_correct", "env/reward_ascii", "env/yes_no", "env/turns"} <= set(r) for r in logged
     )
     assert all(r["env/turns"] == 1.0 for r in logged)

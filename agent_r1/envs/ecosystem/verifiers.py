@@ -303,7 +303,7 @@ class VerifiersEnv(AgentEnv):
 
     Config (``env.kwargs`` of ``env.name: verifiers``)::
 
-        taskset: reverse_digits       # the verifiers taskset id (an importable package exporting a Taskset)
+        taskset: parity               # the verifiers taskset id (an importable package exporting a Taskset)
         taskset_config: {split: train}  # its TasksetConfig fields (verifiers' --env.taskset.*)
         harness: "null"               # the harness id, quoted in YAML: "null" (one chat loop, no tools),
                                       # "bash" (a bash/edit tool loop), ...; None: the taskset's default

@@ -310,3 +310,18 @@ def test_training_a_verifiers_taskset_end_to_end(tiny_checkpoint, tmp_path):
         {"env/reward_correct", "env/reward_ascii", "env/yes_no", "env/turns"} <= set(r) for r in logged
     )
     assert all(r["env/turns"] == 1.0 for r in logged)
+
+
+@needs_venv
+@pytest.mark.slow
+def test_benchmark_arm_quick():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import eco_verifiers
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    result = eco_verifiers.run(seed=0, quick=True)
+    assert {"env", "metric", "before", "after", "tasks", "rl_steps", "seconds"} <= set(result)
+    assert result["tasks"] == 4 and result["rl_steps"] == 1 and result["warm_start"]["demos"] == 16
+    assert 0.0 <= result["before"] <= 1.0 and 0.0 <= result["after"] <= 1.0
+    assert {"env/reward_correct", "env/yes_no", "env/turns"} <= set(result["env_metrics"])

@@ -122,7 +122,6 @@ class _Worker:
             self.stop()
             raise self._startup_error(line, config)
         self.address = tuple(line["address"])
-        self.described = line
 
     def _first_line(self, timeout_s: float) -> dict:
         with selectors.DefaultSelector() as selector:

@@ -117,16 +117,20 @@ class Worker:
         self.config = config
         self.recycle_after = recycle_after
         self.gate = asyncio.Semaphore(max_concurrent) if max_concurrent else contextlib.nullcontext()
-        self.current = Generation(env)
-        self.generations = {self.current}
+        self.generations: set[Generation] = set()
+        self.current = self._add(Generation(env))
+
+    def _add(self, generation: Generation) -> Generation:
+        self.generations.add(generation)  # until it stops serving: then it is garbage
+        generation.task.add_done_callback(lambda _: self.generations.discard(generation))
+        return generation
 
     def _generation(self) -> Generation:
         from verifiers.v1.utils.loaders import load_environment, resolve_env_config
 
         if self.current.served >= self.recycle_after:
             self.current.retired.set()
-            self.current = Generation(load_environment(resolve_env_config(self.config)))
-            self.generations.add(self.current)
+            self.current = self._add(Generation(load_environment(resolve_env_config(self.config))))
         return self.current
 
     def _task(self, env: Any, data: dict[str, Any]) -> Any:
@@ -175,10 +179,10 @@ class Worker:
         return {"tasks": [task.data.model_dump(mode="json", exclude_defaults=True) for task in view]}
 
     async def close(self) -> None:
-        for generation in self.generations:
-            generation.retired.set()
+        generations = list(self.generations)
+        for generation in generations:
             generation.task.cancel()
-        await asyncio.gather(*(g.task for g in self.generations), return_exceptions=True)
+        await asyncio.gather(*(g.task for g in generations), return_exceptions=True)
 
 
 def _error_text(error: Any) -> str:

@@ -162,6 +162,17 @@ def test_bash_harness_tool_call_then_answer_extends_the_prompt_exactly(tiny_toke
 
 
 @needs_venv
+def test_the_harness_does_not_see_the_gateway_keys(tiny_tokenizer):
+    look = (
+        '<tool_call>{"name": "bash", "arguments": {"command": "env | grep -c AGENT_R1_GATEWAY"}}</tool_call>'
+    )
+    trajectory = play(tiny_tokenizer, [look, "no"], harness="bash")
+    first, second = trajectory.steps
+    delta = tiny_tokenizer.decode(list(second.prompt_ids[len(first.prompt_ids) + len(first.response_ids) :]))
+    assert "<tool_response>\n0\n" in delta  # the subprocess runtime drops *API_KEY* variables
+
+
+@needs_venv
 def test_max_steps_truncates_and_the_worker_goes_on(tiny_tokenizer):
     looping = play(tiny_tokenizer, lambda prompt: BASH_CALL, harness="bash", max_steps=2)
     assert looping.status is TrajectoryStatus.OK and len(looping.steps) == 2

@@ -150,8 +150,10 @@ class Worker:
         generation.active += 1
         generation.served += 1
         generation.idle.clear()
-        key_var = f"AGENT_R1_GATEWAY_KEY_{uuid.uuid4().hex}"
-        os.environ[key_var] = request["api_key"]  # verifiers reads a client's key from the environment
+        # verifiers reads a client's key from the environment; a name with API_KEY in it is one the
+        # subprocess runtime keeps from the harness programs it starts.
+        key_var = f"AGENT_R1_GATEWAY_API_KEY_{uuid.uuid4().hex}"
+        os.environ[key_var] = request["api_key"]
         try:
             await generation.started()
             env = generation.env

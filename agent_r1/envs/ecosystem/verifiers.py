@@ -179,7 +179,8 @@ class _Worker:
             self.process.wait()
 
     def died(self) -> VerifiersError:
-        self.process.poll()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(1.0)  # a killed worker's socket can close just before it is reaped
         state = "is still running" if self.alive() else f"exited with {self.process.returncode}"
         return VerifiersError(
             f"the verifiers worker (pid {self.process.pid}) closed the connection without an answer and "

@@ -20,8 +20,8 @@ from agent_r1.cli import main
 from agent_r1.flows.base import short_traceback
 from agent_r1.train.config import ConfigError, config_from_dict, dump_config
 from agent_r1.train.evaluation import evaluate
-from agent_r1.train.health import TrainingHalted, error_summary, rollout_health
-from agent_r1.train.summary import rollout_metrics
+from agent_r1.train.health import TrainingHalted, error_kinds, error_summary, rollout_health
+from agent_r1.train.summary import summarize_rollout
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus
 
@@ -175,9 +175,16 @@ def test_an_env_whose_reset_always_raises_stops_the_run(tiny_checkpoint, tmp_pat
 def test_rollout_metrics_leave_out_means_over_no_trajectories(tiny_checkpoint, tmp_path):
     trainer = Trainer(_config(tiny_checkpoint, tmp_path), train_tasks=tasks(4))
     try:
-        metrics = rollout_metrics(trainer.rollout(tasks(2), step=1), trainer.policy_version)
+        groups = trainer.rollout(tasks(2), step=1)
+        summary = summarize_rollout(groups, trainer.policy_version)
     finally:
         trainer.close()
+    metrics = summary.metrics
+    # the same walk counted the errors the error budget reads, kind by kind
+    assert summary.trajectories == sum(len(g.trajectories) for g in groups)
+    assert (
+        summary.error_kinds == error_kinds(groups) and sum(k.count for k in summary.error_kinds.values()) == 4
+    )
     assert metrics["rollout/error_fraction"] == 1.0
     assert "reward/mean" not in metrics and "success/mean" not in metrics
     assert not any(math.isnan(v) for v in metrics.values())

@@ -105,7 +105,7 @@ def test_train_summaries_false_keeps_todays_untrained_summary(model, tiny_tokeni
 
 def test_one_update_reaches_the_summary_tokens(tiny_checkpoint, tmp_path):
     from agent_r1.train.config import config_from_dict
-    from agent_r1.train.summary import rollout_metrics
+    from agent_r1.train.summary import summarize_rollout
     from agent_r1.train.trainer import Trainer
 
     config = config_from_dict(
@@ -130,7 +130,7 @@ def test_one_update_reaches_the_summary_tokens(tiny_checkpoint, tmp_path):
     try:
         (group,) = trainer.rollout(tasks(1), step=1)
         assert [summary_rows(t) for t in group.trajectories] == [[2], [2]]
-        assert rollout_metrics([group], 0)["context/summary_steps_per_trajectory"] == 1.0
+        assert summarize_rollout([group], 0).metrics["context/summary_steps_per_trajectory"] == 1.0
         # One sample succeeds, one fails: GRPO credits the outcome to every step, the summary included.
         won, lost = (
             replace(t, outcome_reward=r) for t, r in zip(group.trajectories, (1.0, 0.0), strict=True)

@@ -21,7 +21,7 @@ from agent_r1.report.html import chart_groups
 from agent_r1.tasks.arithmetic import make_dataset
 from agent_r1.tools import get_format, tool
 from agent_r1.train.config import config_from_dict
-from agent_r1.train.summary import env_metrics, rollout_metrics
+from agent_r1.train.summary import env_metrics, summarize_rollout
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Action, Step, StopReason, Trajectory, write_jsonl
 
@@ -461,7 +461,7 @@ def test_trainer_takes_the_mode_from_env_kwargs_and_logs_the_counts(
         tiny_tokenizer, lambda prompt: "<answer>0</answer>" if "not a tool-call tag" in prompt else miss
     )
     groups = asyncio.run(rollout_groups(trainer.rollouts.flow, engine, tasks, 2))
-    metrics = rollout_metrics(groups, trainer.policy_version)
+    metrics = summarize_rollout(groups, trainer.policy_version).metrics
     for trajectory in groups[0].trajectories:
         near_misses = [s.info["tool_counts"]["near_misses"] for s in trajectory.steps]
         # hint: the near miss is answered, then the model answers; strict: it was the final answer

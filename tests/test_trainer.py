@@ -14,7 +14,7 @@ from agent_r1.cli import main
 from agent_r1.train.backends import export_weights
 from agent_r1.train.config import ConfigError, config_from_dict
 from agent_r1.train.learner import load_policy
-from agent_r1.train.summary import rollout_metrics
+from agent_r1.train.summary import summarize_rollout
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus
 
@@ -144,7 +144,7 @@ def test_trajectories_cut_by_the_step_limit_are_counted(tiny_checkpoint, tmp_pat
     trainer = Trainer(config, train_tasks=tasks(2))
     try:
         groups = trainer.rollout(tasks(2), step=1)
-        metrics = rollout_metrics(groups, trainer.policy_version)
+        metrics = summarize_rollout(groups, trainer.policy_version).metrics
     finally:
         trainer.close()
     assert all(

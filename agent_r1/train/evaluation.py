@@ -12,7 +12,7 @@ from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.data import config_tasks
 from agent_r1.train.health import rollout_health
 from agent_r1.train.summary import RewardFn, evaluation_metrics, score_groups
-from agent_r1.types import Task, TrajectoryGroup
+from agent_r1.types import Task
 
 __all__ = ["evaluate", "evaluate_rollouts"]
 
@@ -24,19 +24,15 @@ def evaluate_rollouts(
     step: int,
     *,
     reward_fn: RewardFn | None = None,
-    check: Callable[[list[TrajectoryGroup]], None] | None = None,
 ) -> dict[str, float]:
     """``rollout.eval_n`` samples of every task on a rollout backend's evaluation flow, seeded by
     (seed, step): ``eval/reward``, ``eval/success`` and ``eval/error_fraction`` (an ERROR trajectory
-    counts as 0). ``check(groups)`` applies the error budget (default: ``rollout_health``'s, raised)."""
+    counts as 0), within the error budget (``rollout_health``: too many errors raise)."""
     base = f"{config.trainer.seed}:eval:{step}"
     groups = rollouts.collect(rollouts.submit(tasks, config.rollout.eval_n, base, evaluation=True))
-    if check is not None:
-        check(groups)
-    else:
-        halt = rollout_health(groups, config.trainer.max_error_fraction, f"evaluation at step {step}")
-        if halt is not None:
-            raise halt
+    halt = rollout_health(groups, config.trainer.max_error_fraction, f"evaluation at step {step}")
+    if halt is not None:
+        raise halt
     return evaluation_metrics(score_groups(groups, tasks, reward_fn))
 
 

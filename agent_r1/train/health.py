@@ -23,12 +23,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agent_r1.types import TrajectoryGroup, TrajectoryStatus
+from agent_r1.types import Trajectory, TrajectoryGroup, TrajectoryStatus
 
 __all__ = [
     "ErrorKind",
     "TrainingHalted",
     "ZeroVarianceWatch",
+    "add_error",
+    "error_budget",
     "error_kinds",
     "error_summary",
     "rollout_health",
@@ -89,32 +91,42 @@ class ErrorKind:
     count: int
 
 
+def add_error(kinds: dict[str, ErrorKind], group_id: str, index: int, trajectory: Trajectory) -> None:
+    """Count ``trajectory`` (sample ``index`` of group ``group_id``, status ERROR) in ``kinds``: kind
+    (the exception type, or the whole summary of a plain-text error) -> its first occurrence."""
+    summary, where = error_summary(trajectory.error or "")
+    kind = summary.split(": ", 1)[0]
+    if kind in kinds:
+        first = kinds[kind]
+        kinds[kind] = ErrorKind(first.trajectory, first.summary, first.where, first.count + 1)
+    else:
+        kinds[kind] = ErrorKind(f"group {group_id}, sample {index}", summary, where, 1)
+
+
 def error_kinds(groups: Sequence[TrajectoryGroup]) -> dict[str, ErrorKind]:
-    """Kind (the exception type, or the whole summary of a plain-text error) -> its first occurrence,
-    in rollout order."""
+    """Each kind of error in ``groups`` -> its first occurrence, in rollout order (``add_error``)."""
     kinds: dict[str, ErrorKind] = {}
     for group in groups:
         for index, trajectory in enumerate(group.trajectories):
-            if trajectory.status is not TrajectoryStatus.ERROR:
-                continue
-            summary, where = error_summary(trajectory.error or "")
-            kind = summary.split(": ", 1)[0]
-            if kind in kinds:
-                first = kinds[kind]
-                kinds[kind] = ErrorKind(first.trajectory, first.summary, first.where, first.count + 1)
-            else:
-                kinds[kind] = ErrorKind(f"group {group.group_id}, sample {index}", summary, where, 1)
+            if trajectory.status is TrajectoryStatus.ERROR:
+                add_error(kinds, group.group_id, index, trajectory)
     return kinds
 
 
 def rollout_health(
     groups: Sequence[TrajectoryGroup], max_error_fraction: float, rollout: str, see: str | None = None
 ) -> TrainingHalted | None:
-    """Log the first error of each kind in ``groups`` (a rollout, named by ``rollout``, e.g. "step 3");
-    return the ``TrainingHalted`` to raise when more than ``max_error_fraction`` of its trajectories, or
-    all of them, ended in ERROR (``see``: where the full tracebacks are, for the message)."""
+    """``error_budget`` of the errors in ``groups``."""
     total = sum(len(g.trajectories) for g in groups)
-    kinds = error_kinds(groups)
+    return error_budget(error_kinds(groups), total, max_error_fraction, rollout, see)
+
+
+def error_budget(
+    kinds: dict[str, ErrorKind], total: int, max_error_fraction: float, rollout: str, see: str | None = None
+) -> TrainingHalted | None:
+    """Log the first error of each kind of a rollout of ``total`` trajectories (named by ``rollout``,
+    e.g. "step 3"); return the ``TrainingHalted`` to raise when more than ``max_error_fraction`` of its
+    trajectories, or all of them, ended in ERROR (``see``: where the full tracebacks are)."""
     for kind in kinds.values():
         logger.warning(
             "%s: %d of %d trajectories ended in ERROR with %s (first: %s%s)",

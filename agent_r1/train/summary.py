@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from agent_r1.envs.context import SUMMARY_STEP_KEY
+from agent_r1.train.health import ErrorKind, add_error
 from agent_r1.types import Step, Task, Trajectory, TrajectoryGroup, TrajectoryStatus
 
 __all__ = [
     "RewardFn",
+    "RolloutSummary",
     "env_metrics",
     "evaluation_metrics",
-    "rollout_metrics",
     "score_groups",
+    "summarize_rollout",
     "trajectory_success",
 ]
 
@@ -47,17 +49,28 @@ def env_metrics(steps: Iterable[Step]) -> dict[str, float]:
     return {name: _mean(values) for name, values in sorted(reported.items())}
 
 
-def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int) -> dict[str, float]:
-    """The rollout's means over its non-ERROR trajectories, its error and ending fractions, the
-    sampled tokens, the environments' own counters and (``async/*``) how many policy versions the
-    samples lag ``policy_version``, the version their update starts from. A mean over none is left
-    out, not logged as nan (``rollout/error_fraction`` says why it is missing)."""
+@dataclass(frozen=True)
+class RolloutSummary:
+    """A rollout in numbers (``summarize_rollout``): its ``metrics``, how many trajectories it has
+    and its errors by kind (``agent_r1.train.health.error_budget`` reads them)."""
+
+    metrics: dict[str, float]
+    trajectories: int
+    error_kinds: dict[str, ErrorKind]
+
+
+def summarize_rollout(groups: Sequence[TrajectoryGroup], policy_version: int) -> RolloutSummary:
+    """One walk over a rollout: its means over the non-ERROR trajectories, its error and ending
+    fractions, the sampled tokens, the environments' own counters, (``async/*``) how many policy
+    versions the samples lag ``policy_version`` (the version their update starts from), and its errors
+    by kind. A mean over none is left out, not logged as nan (``rollout/error_fraction`` says why)."""
     total = errors = sampled = 0
+    kinds: dict[str, ErrorKind] = {}
     rewards, successes, lengths, steps_per, truncated, step_limit, summaries = [], [], [], [], [], [], []
     staleness, mixed = [], []
     reported: list[Step] = []
     for group in groups:
-        for t in group.trajectories:
+        for index, t in enumerate(group.trajectories):
             total += 1
             sampled += t.num_response_tokens
             if t.steps:
@@ -66,6 +79,7 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int) -> d
                 mixed.append(float(len(set(versions)) > 1))  # a weight update landed in it
             if t.status is TrajectoryStatus.ERROR:
                 errors += 1
+                add_error(kinds, group.group_id, index, t)
                 continue
             rewards.append(t.total_reward)
             successes.append(float(trajectory_success(t)))
@@ -96,7 +110,8 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int) -> d
         metrics["async/staleness_max"] = float(max(staleness))
         metrics["async/mixed_version_fraction"] = _mean(mixed)
     metrics.update(env_metrics(reported))
-    return {name: value for name, value in metrics.items() if not math.isnan(value)}
+    metrics = {name: value for name, value in metrics.items() if not math.isnan(value)}
+    return RolloutSummary(metrics, total, kinds)
 
 
 def score_groups(

@@ -67,13 +67,19 @@ from agent_r1.train.checkpoint import rng_state, set_rng_state
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.data import TaskSampler, config_tasks
 from agent_r1.train.evaluation import evaluate_rollouts
-from agent_r1.train.health import ZeroVarianceWatch, rollout_health
+from agent_r1.train.health import ZeroVarianceWatch, error_budget
 from agent_r1.train.learner import TokenLoss
 from agent_r1.train.process import apply_process_settings
 from agent_r1.train.progress import progress_bar
 from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.run_dir import RunDir
-from agent_r1.train.summary import RewardFn, rollout_metrics, score_groups, trajectory_success
+from agent_r1.train.summary import (
+    RewardFn,
+    RolloutSummary,
+    score_groups,
+    summarize_rollout,
+    trajectory_success,
+)
 from agent_r1.train.update import ppo_update
 from agent_r1.types import Task, TrajectoryGroup
 
@@ -308,8 +314,9 @@ class Trainer:
         if self.config.algorithm.resample_rounds:
             filter_metrics["filter/resample_rounds"] = float(rounds)
             filter_metrics["filter/kept_groups"] = float(len(kept))
-        metrics = {**rollout_metrics(groups, self.policy_version), **filter_metrics}
-        self.check_health(groups, step)
+        summary = summarize_rollout(groups, self.policy_version)
+        metrics = {**summary.metrics, **filter_metrics}
+        self.check_health(summary, groups, step)
         warning = self.zero_variance.observe(
             step,
             filter_metrics["filter/zero_variance_groups"],
@@ -486,14 +493,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ health, eval, dumps
 
-    def check_health(self, groups: list[TrajectoryGroup], step: int) -> None:
+    def check_health(self, summary: RolloutSummary, groups: list[TrajectoryGroup], step: int) -> None:
         """The error budget (``agent_r1.train.health``): logs the first error of each kind in a rollout
         and raises ``TrainingHalted`` when more than ``trainer.max_error_fraction`` of its trajectories,
         or all of them, ended in ERROR. The step's trajectories are dumped first: the dump holds every
         traceback."""
         dump = self.config.logging.dump_trajectories and self.run_dir is not None
-        halt = rollout_health(
-            groups,
+        halt = error_budget(
+            summary.error_kinds,
+            summary.trajectories,
             self.config.trainer.max_error_fraction,
             f"step {step}",
             see=str(self.run_dir.trajectories / f"step_{step:06d}.jsonl") if dump else None,

@@ -105,10 +105,6 @@ class _Timer:
             )
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
 @dataclass
 class _InFlight:
     """An async rollout submitted ahead of the step that trains on it (``groups``: restored from a

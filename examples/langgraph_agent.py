@@ -21,6 +21,7 @@ import re
 os.environ["LANGSMITH_TRACING"] = "false"
 os.environ["LANGCHAIN_TRACING_V2"] = "false"
 
+import httpx  # noqa: E402
 import openai  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
@@ -91,7 +92,16 @@ async def calculator_agent(
     max_turns: int = 4,
 ) -> AgentResult:
     """Answer ``task["prompt"]`` with LangGraph's ReAct agent and the calculator."""
-    model = ChatOpenAI(model="policy", base_url=str(client.base_url), api_key=client.api_key, max_retries=0)
+    # Its own HTTP client, closed with the run: langchain-openai otherwise caches one per base URL,
+    # i.e. one per rollout session, left to be closed after the rollout's event loop has ended.
+    http = httpx.AsyncClient(timeout=None)
+    model = ChatOpenAI(
+        model="policy",
+        base_url=str(client.base_url),
+        api_key=client.api_key,
+        max_retries=0,
+        http_async_client=http,
+    )
     prompt = task["prompt"]
     if isinstance(prompt, list):  # [system, user] chat messages (reasoning-gym rows)
         system, question = prompt[0]["content"], prompt[-1]["content"]
@@ -99,8 +109,10 @@ async def calculator_agent(
         system, question = SYSTEM, prompt
     agent = create_react_agent(model, [calculator], prompt=system)
     messages = [*demonstration_messages(demonstrations or ()), HumanMessage(question)]
-    # each model call + its tool run is two graph steps; one more for the final answer
-    state = await agent.ainvoke({"messages": messages}, {"recursion_limit": 2 * max_turns + 1})
+    try:  # each model call + its tool run is two graph steps; one more for the final answer
+        state = await agent.ainvoke({"messages": messages}, {"recursion_limit": 2 * max_turns + 1})
+    finally:
+        await http.aclose()
     final = state["messages"][-1]
     answer = final.content if isinstance(final, AIMessage) and isinstance(final.content, str) else None
     return AgentResult(reward=score(answer, str(task["answer"])), answer=answer)

@@ -469,12 +469,12 @@ def test_the_outcome_reason_reads_what_the_env_and_the_flow_recorded():
         # ToolEnv's turn limit: the last step truncated, no answer; parse errors counted over the steps.
         (
             Trajectory("t", (calls, _ending({**counts, "truncated": "max_turns=4 reached", "expected": "7"}, terminated=False, truncated=True))),
-            "turn limit reached without an answer (max_turns=4 reached) (expected 7) · 4 parse errors",
+            "turn limit reached without an answer (max_turns=4), expected 7 · 4 parse errors",
         ),
         # The flow's max_steps: recorded on the trajectory.
         (
             Trajectory("t", (_ending({}, terminated=False, truncated=True),), info={"truncated": "max_steps=1 reached"}),
-            "turn limit reached without an answer (max_steps=1 reached)",
+            "turn limit reached without an answer (max_steps=1)",
         ),
         # A response cut at max_tokens.
         (Trajectory("t", (_ending({}, stop=StopReason.LENGTH, terminated=False, truncated=True),)), "token cutoff: step 1's response hit max_tokens"),
@@ -483,7 +483,7 @@ def test_the_outcome_reason_reads_what_the_env_and_the_flow_recorded():
             Trajectory("t", (_ending({"answer": "ans", "answer_value": "2496", "expected": "2508"}),), info={"success": False}),
             "wrong answer: gave ans = 2496, expected 2508",
         ),
-        (Trajectory("t", (_ending({"answer": None, "expected": "3"}),)), "no answer found in the final response (expected 3)"),
+        (Trajectory("t", (_ending({"answer": None, "expected": "3"}),)), "no answer found in the final response, expected 3"),
         (Trajectory("t", (), status=TrajectoryStatus.ERROR, error="ValueError: bad seed"), "env error: ValueError: bad seed"),
     ]
     for trajectory, reason in cases:

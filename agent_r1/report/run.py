@@ -282,7 +282,7 @@ def outcome_reason(trajectory: Trajectory) -> str:
     given = last.get("answer")
     if given is not None and last.get("answer_value") not in (None, given):
         given = f"{given} = {last['answer_value']}"  # e.g. the arithmetic task's "ans" resolved
-    expect = f" (expected {expected})" if expected is not None else ""
+    expect = f", expected {expected}" if expected is not None else ""
     if trajectory.status is TrajectoryStatus.ERROR:
         reason = f"env error: {_one_line(trajectory.error or 'no error text recorded')}"
     elif trajectory.status is TrajectoryStatus.TRUNCATED:
@@ -293,7 +293,7 @@ def outcome_reason(trajectory: Trajectory) -> str:
     elif steps and steps[-1].stop_reason is StopReason.LENGTH and not steps[-1].terminated:
         reason = f"token cutoff: step {len(steps)}'s response hit max_tokens{expect}"
     elif "truncated" in last or "truncated" in trajectory.info:
-        limit = last.get("truncated") or trajectory.info.get("truncated")
+        limit = str(last.get("truncated") or trajectory.info.get("truncated")).removesuffix(" reached")
         reason = f"turn limit reached without an answer ({limit}){expect}"
     elif steps and steps[-1].terminated and given is not None:
         reason = f"wrong answer: gave {given}" + (f", expected {expected}" if expected is not None else "")

@@ -1,33 +1,46 @@
-"""The agent gateway: an OpenAI-compatible chat endpoint that turns every model call into one exact step.
+"""The agent gateway: OpenAI- and Anthropic-compatible endpoints that turn every model call into one exact step.
 
-A user's agent program (a tool loop written with the ``openai`` client, the OpenAI Agents SDK, ...)
-talks to a ``GatewaySession`` as it would to the OpenAI API; each rollout gets its own session, at
-its own URL path with its own key, so concurrent agents never mix::
+A user's agent program (a tool loop written with the ``openai`` or ``anthropic`` client, the OpenAI
+Agents SDK, ...) talks to a ``GatewaySession`` as it would to the OpenAI or Anthropic API; each
+rollout gets its own session, with its own key, so concurrent agents never mix::
 
-    POST {base_url}/chat/completions     base_url = http://HOST:PORT/sessions/<id>/v1
-    GET  {base_url}/models               Authorization: Bearer <the session's api_key>
+    POST {base_url}/chat/completions     base_url = http://HOST:PORT/sessions/<id>/v1  (session.base_url)
+    POST {base_url}/responses            Authorization: Bearer <the session's api_key>
+    POST {base_url}/messages             (or x-api-key: <key>, as Anthropic's clients send it;
+    GET  {base_url}/models                anthropic's base URL is session.anthropic_base_url)
 
-Each call renders the messages and ``tools`` with the tokenizer's chat template, samples token-in /
-token-out through the session's sampler (an ``Engine``, or the trainer's loop: see
-``agent_r1.envs.agent_program``), parses tool calls in the configured format (``hermes`` by default)
-into OpenAI ``tool_calls``, and records a ``CallRecord``: prompt ids, response ids, sampler
-log-probs, finish reason, timing and ``info``.
+or, for a harness that cannot change its base URL per rollout, the same paths under
+``http://HOST:PORT/v1`` with the header ``X-Agent-R1-Session: <id>`` (``SESSION_HEADER``).
+
+The three APIs are translators (``agent_r1.rollout.dialects``) over one call: each request becomes
+chat messages + ``tools`` + a tool choice + sampling fields, and the one core here renders them with
+the tokenizer's chat template (``GatewaySession._prompt``), samples token-in / token-out through the
+session's sampler (an ``Engine``, or the trainer's loop: see ``agent_r1.envs.agent_program``), parses
+tool calls in the configured format (``hermes`` by default) into the assistant message's
+``tool_calls``, and records a ``CallRecord``: prompt ids, response ids, sampler log-probs, finish
+reason, timing and ``info``. The dialect then answers in its API's shape (``tool_calls``,
+``function_call`` items, ``tool_use`` blocks), or as that API's stream events. A Responses answer's
+conversation is kept in the session for ``previous_response_id``.
 
 Exact by construction: when a call's messages are an earlier call's messages + the assistant message
 that call returned + new messages (tool results, user turns), with the same tools, its prompt ids are
 that call's prompt ids + its sampled response ids + the ids of the template's delta — the ``append``
 context policy (``agent_r1.envs.context.AppendContext``), so the model's output is never decoded and
-re-encoded. Assistant messages the gateway returned are rendered from the model's raw text (as
-``ToolEnv`` keeps them), whatever the client sends back for them. Otherwise (the first call, or an
-agent that rewrote, dropped or reordered its history) the whole conversation is rendered afresh.
-``info["prompt"]`` says which (``"extends"`` with ``"extends_call"``, or ``"fresh"`` with
-``"fresh_reason"``).
+re-encoded. This holds whichever API the agent speaks (a Responses agent resending its input or
+chaining ``previous_response_id``, an Anthropic loop resending ``tool_use`` / ``tool_result``
+blocks): they translate to the same messages. Assistant messages the gateway returned are rendered
+from the model's raw text (as ``ToolEnv`` keeps them), whatever the client sends back for them.
+Otherwise (the first call, or an agent that rewrote, dropped or reordered its history) the whole
+conversation is rendered afresh. ``info["prompt"]`` says which (``"extends"`` with
+``"extends_call"``, or ``"fresh"`` with ``"fresh_reason"``).
 
-Deviations from the OpenAI API: ``n`` must be 1 (one call is one step); ``tool_choice`` ``"required"``
-or a named function cannot be enforced on sampling (no constrained decoding): a response without the
-call is returned as is and flagged in ``info["tool_choice_unmet"]``; a streamed answer is generated
-whole, then sent as the API's chunks. A response with a malformed call comes back as text content
-(no ``tool_calls``) with the format's errors in ``info["tool_parse_errors"]``, never as an error.
+Deviations from the APIs: ``n`` must be 1 (one call is one step); ``tool_choice`` ``"required"``
+(Anthropic's ``any``) or a named function cannot be enforced on sampling (no constrained decoding): a
+response without the call is returned as is and flagged in ``info["tool_choice_unmet"]``; a streamed
+answer is generated whole, then sent as the API's events; built-in tools, non-text content and
+structured output are refused (400, in the API's error shape). A response with a malformed call comes
+back as text content (no tool calls) with the format's errors in ``info["tool_parse_errors"]``, never
+as an error.
 """
 
 from __future__ import annotations
@@ -357,7 +370,8 @@ class GatewaySession:
 
 
 class Gateway:
-    """An OpenAI-compatible HTTP server hosting sessions; ``async with Gateway(...)`` starts and stops it.
+    """An HTTP server hosting sessions (chat completions, Responses, Anthropic Messages);
+    ``async with Gateway(...)`` starts and stops it.
 
     Args:
         tokenizer: the policy's tokenizer (with a chat template).

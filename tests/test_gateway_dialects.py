@@ -413,14 +413,25 @@ def test_serve_tool_round_trips_and_bad_input(tiny_tokenizer):
                 messages=[{"role": "user", "content": "1 + 2?"}],
                 tools=ANTHROPIC_TOOLS,
             )
+            chat_answer = await openai_tool_loop(oai, "1 + 2?")  # chat completions parse the same way
             await oai.close()
             await claude.close()
-            return responses_answer, anthropic_answer, web_search.value, orphan.value, unauthorized, after
+            return (
+                responses_answer,
+                anthropic_answer,
+                chat_answer,
+                web_search.value,
+                orphan.value,
+                unauthorized,
+                after,
+            )
 
-    responses_answer, anthropic_answer, web_search, orphan, unauthorized, after = asyncio.run(main())
-    assert responses_answer == anthropic_answer == "3"
+    responses_answer, anthropic_answer, chat_answer, web_search, orphan, unauthorized, after = asyncio.run(
+        main()
+    )
+    assert responses_answer == anthropic_answer == chat_answer == "3"
     prompts = [tiny_tokenizer.decode(ids) for ids, _ in engine.calls]
-    assert len(prompts) == 5 and all("<tool_response>\n3\n</tool_response>" in prompts[i] for i in (1, 3))
+    assert len(prompts) == 7 and all("<tool_response>\n3\n</tool_response>" in prompts[i] for i in (1, 3, 6))
     assert web_search.status_code == 400 and web_search.body["param"] == "tools"
     assert orphan.status_code == 400 and orphan.body["error"]["type"] == "invalid_request_error"
     assert unauthorized[0] == 401 and unauthorized[1]["type"] == "error"

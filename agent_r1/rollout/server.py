@@ -17,6 +17,9 @@ Log-probs are the engine's (``log softmax(logits / temperature)``, ``agent_r1.ty
 and ``best_of`` are not supported and answered with HTTP 400, like any invalid request; a ``model``
 other than the served one gets 404, as from vLLM.
 
+A chat completion with ``tools`` (and ``tool_choice`` not "none") has its tool calls parsed with
+``tool_format`` into ``tool_calls`` (finish reason ``tool_calls``), as ``vllm serve
+--enable-auto-tool-choice`` answers; without tools the message is the text as sampled.
 The Responses and Messages endpoints are translated by ``agent_r1.rollout.dialects`` into one chat
 call (the chat template renders messages and tools), and the answer's tool calls are parsed with
 ``tool_format`` (``hermes`` by default) into ``function_call`` items / ``tool_use`` blocks; streaming is
@@ -250,11 +253,12 @@ class _Handlers:
         completions = await self._generate([ids], n, params)
         choices = []
         for index, c in enumerate(completions):
+            message, finish = self._chat_message(c, tools, body.get("tool_choice"))
             choice: dict[str, Any] = {
                 "index": index,
-                "message": {"role": "assistant", "content": self._text(c)},
+                "message": message,
                 "logprobs": None,
-                "finish_reason": _finish_reason(c),
+                "finish_reason": finish,
             }
             if want_logprobs:
                 tokens = self._token_strings(c.token_ids, as_ids)
@@ -281,6 +285,20 @@ class _Handlers:
                 "total_tokens": len(ids) + completion_tokens,
             },
         }
+
+    def _chat_message(
+        self, completion: Completion, tools: list | None, tool_choice: Any
+    ) -> tuple[Message, str]:
+        """A chat answer: the text as sampled, or with ``tools`` (and ``tool_choice`` not "none") its
+        calls parsed with the tool format into ``tool_calls`` (finish reason ``tool_calls``), as
+        ``vllm serve --enable-auto-tool-choice`` does."""
+        text = self._text(completion)
+        if not tools or tool_choice == "none":
+            return {"role": "assistant", "content": text}, _finish_reason(completion)
+        eos = self.tokenizer.eos_token
+        content = text[: -len(eos)] if eos and text.endswith(eos) else text
+        message, _ = assistant_message(content, self.tool_format, "auto", f"call_{uuid.uuid4().hex[:12]}")
+        return message, "tool_calls" if message.get("tool_calls") else _finish_reason(completion)
 
     async def dialect_call(
         self, dialect: Dialect, request: web.Request, body: dict

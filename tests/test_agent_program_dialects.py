@@ -51,6 +51,20 @@ async def responses_sdk_agent(task, client) -> AgentResult:
     return AgentResult(reward=float(answer.strip() == task.get("answer")), answer=answer)
 
 
+async def streamed_sdk_agent(task, client) -> AgentResult:
+    """The same agent, run streamed (``Runner.run_streamed``: the SDK reads the Responses events)."""
+    model = agents.OpenAIResponsesModel(model="policy", openai_client=client)
+    agent = agents.Agent(name="calculator", instructions="Use the tools.", tools=[multiply], model=model)
+    result = agents.Runner.run_streamed(
+        agent, task["prompt"], run_config=agents.RunConfig(tracing_disabled=True)
+    )
+    kinds = [event.type async for event in result.stream_events()]
+    answer = result.final_output or ""
+    return AgentResult(
+        reward=float(answer.strip() == task["answer"]), answer=answer, info={"events": len(kinds)}
+    )
+
+
 MULTIPLY = {
     "name": "multiply",
     "description": "Multiply two integers.",
@@ -106,6 +120,13 @@ def test_an_agents_sdk_agent_on_its_default_responses_model_runs_in_exact_steps(
     assert "<tool_response>\n42\n</tool_response>" in tiny_tokenizer.decode(list(second.prompt_ids))
     assert "Use the tools." in tiny_tokenizer.decode(list(first.prompt_ids))  # the instructions
     assert second.info["gateway"]["prompt"] == "extends" and second.info["exact_fraction"] == 1.0
+
+
+def test_the_agents_sdk_reads_the_streamed_responses_events(tiny_tokenizer):
+    trajectory = run(tiny_tokenizer, [CALL, "42"], streamed_sdk_agent)
+    assert trajectory.status is TrajectoryStatus.OK, trajectory.error
+    assert trajectory.outcome_reward == 1.0 and trajectory.steps[-1].info["events"] > 0
+    assert [s.info["gateway"]["prompt"] for s in trajectory.steps] == ["fresh", "extends"]
 
 
 def test_an_anthropic_tool_loop_runs_in_exact_steps(tiny_tokenizer):

@@ -216,6 +216,12 @@ def test_header_routing_and_bad_input_in_each_apis_error_shape(tiny_tokenizer):
                     "messages": [{"role": "user", "content": "hi"}],
                     "thinking": {"type": "enabled", "budget_tokens": 1024},
                 },
+                {
+                    "messages": [
+                        {"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": "The answer is"},
+                    ]
+                },
             ]
             answers = {"responses": [], "messages": []}
             async with aiohttp.ClientSession() as http:
@@ -289,6 +295,7 @@ def test_header_routing_and_bad_input_in_each_apis_error_shape(tiny_tokenizer):
     assert "messages.0.content.0: block type 'image' is not supported" in messages[0]
     assert "tool_use_id 'x', which no tool_use block" in messages[1]
     assert "type 'web_search_20250305'" in messages[2] and "'thinking'" in messages[3]
+    assert "prefilling" in messages[4]
     assert answers["wrong_key"][0] == 401
     assert answers["wrong_key"][1]["error"]["type"] == "authentication_error"
     assert answers["no_session"][0] == 404 and SESSION_HEADER in answers["no_session"][1]["error"]["message"]

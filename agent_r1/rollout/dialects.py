@@ -32,7 +32,7 @@ Refused with a 400 in the API's own error shape: item or block types other than 
 (images, reasoning, built-in tool calls), a ``function_call_output`` / ``tool_result`` whose call id
 no earlier call in the conversation has, built-in tools (``web_search``, ``computer_...``, Anthropic's
 typed server tools), ``n`` other than 1, ``background``, stored prompts and conversations, structured
-output formats, extended thinking. Fields with no effect on one sampled answer (``store``,
+output formats, extended thinking, a final assistant message (Anthropic's prefill). Fields with no effect on one sampled answer (``store``,
 ``metadata``, ``include``, ``parallel_tool_calls``, ``truncation``, ``reasoning``, ...) are accepted
 and ignored.
 """
@@ -753,6 +753,11 @@ class MessagesDialect(Dialect):
         calls: set[str] = set()
         for i, m in enumerate(messages):
             self._message(m, f"messages.{i}", out, calls)
+        if messages[-1].get("role") == "assistant":
+            raise BadRequest(
+                f"messages.{len(messages) - 1}: a final assistant message (prefilling the answer) is not "
+                "supported; end with a user message"
+            )
         tools = self._tools(body_field(body, "tools", list) or [])
         choice = body.get("tool_choice")
         if choice is not None:

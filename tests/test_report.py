@@ -20,16 +20,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_r1.report import load_run, render_html, write_report
-from agent_r1.report.html import chart_groups, embed_json, overlap_fraction, phase_timeline
+from agent_r1.report.html import chart_groups, embed_json, headline, metric_unit, overlap_fraction, phase_timeline
 from agent_r1.report.run import (
     SUMMARY_STEP_KEY,
     ContextChange,
     metric_series,
+    outcome_reason,
     prompt_segments,
     read_metrics,
     trajectory_view,
 )
-from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus, read_jsonl, write_jsonl
+from agent_r1.types import (
+    Step,
+    StopReason,
+    Trajectory,
+    TrajectoryGroup,
+    TrajectoryStatus,
+    read_jsonl,
+    write_jsonl,
+)
 
 INJECTION = "</script><script>window.__pwned = 1</script><!--"
 SYSTEM = "You are a careful calculator agent. Use the add tool, then answer as <answer>N</answer>."
@@ -63,6 +72,7 @@ def _trajectory(
     success,
     window=None,
     viewer_info=True,
+    expected=None,
     **kw,
 ):
     """A trajectory whose prompts are built the way an "append" context policy builds them (each prompt
@@ -106,9 +116,12 @@ def _trajectory(
                 "dropped_turns": len(history) - 1 if rewrites else 0,
                 "summarised": False,
             }
+        last = i == len(turns) - 1
+        if last and "<answer>" in response:  # as ToolEnv records the final answer
+            info["answer"] = response.split("<answer>")[1].split("</answer>")[0]
+            info["expected"] = expected
         if not viewer_info:
             info = {k: v for k, v in info.items() if k not in ("prompt_text", "response_tokens", "advantage")}
-        last = i == len(turns) - 1
         steps.append(
             Step(
                 prompt_ids=prompt_ids,
@@ -139,7 +152,7 @@ def _group(tokenizer, rng, task_number: int, train_step: int) -> list[Trajectory
     ]
     malformed = f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": }}\n</tool_call>'
     return [
-        _trajectory(tokenizer, rng, task_id, group_id, q, solved, outcome=1.0, success=True),
+        _trajectory(tokenizer, rng, task_id, group_id, q, solved, outcome=1.0, success=True, expected=str(s2)),
         _trajectory(
             tokenizer,
             rng,
@@ -149,6 +162,7 @@ def _group(tokenizer, rng, task_number: int, train_step: int) -> list[Trajectory
             [(_answer(s2 - 2), [], [], [], 0.0)],
             outcome=0.0,
             success=False,
+            expected=str(s2),
         ),
         _trajectory(
             tokenizer,
@@ -209,7 +223,10 @@ def make_run_dir(root: Path, tokenizer, *, train_steps: int = 8, dump_every: int
         "model:\n  path: tiny\nalgorithm:\n  advantage: grpo\n  kl:\n    coef: 0.001\nrollout:\n  n: 5\n  max_steps: 4\n"
     )
     t0 = 1_760_000_000.0
+    evaluated_on = {"eval/tasks": 100, "eval/episodes": 400}  # 100 held-out tasks x 4 samples
     with open(run / "metrics.jsonl", "w") as f:
+        # The evaluation before any update: the report's baseline.
+        f.write(json.dumps({"step": 0, "time": t0, "eval/reward": 0.3, "eval/success": 0.37, **evaluated_on}) + "\n")
         for step in range(1, train_steps + 1):
             progress = step / train_steps
             row = {
@@ -227,11 +244,11 @@ def make_run_dir(root: Path, tokenizer, *, train_steps: int = 8, dump_every: int
                 "grad_norm": float("nan") if step == 3 else 0.5 + rng.random(),
                 "lr": 1e-6,
                 "clip_fraction": 0.01 * rng.random(),
-                "time/step": 20.0,
-                "time/rollout": 12.0,
-                "time/score": 0.5,
-                "time/update": 6.0,
-                "time/sync": 1.5,
+                "time/step": 20.0 + step % 3,
+                "time/rollout": 12.0 + 0.5 * (step % 2),
+                "time/score": 0.5 + 0.01 * step,
+                "time/update": 6.0 + 0.1 * step,
+                "time/sync": 1.5,  # constant: folded into a note, not drawn
                 "custom/buffer_size": 64 * step,
                 "run_name": "demo",  # not numeric: ignored
                 # async: rollout k+1 runs during the first half of update k (step 1's before it)
@@ -250,7 +267,8 @@ def make_run_dir(root: Path, tokenizer, *, train_steps: int = 8, dump_every: int
                             "step": step,
                             "time": t0 + 30 * step + 5,
                             "eval/reward": 0.3 + 0.5 * progress,
-                            "eval/success": 0.25 * step / 4,
+                            "eval/success": 0.37 + 0.1425 * step / 4,
+                            **evaluated_on,
                         }
                     )
                     + "\n"
@@ -277,24 +295,66 @@ def _page_data(page: str) -> dict:
 
 def test_metrics_are_read_leniently_and_grouped_by_prefix(run_dir):
     rows = read_metrics(run_dir / "metrics.jsonl")
-    assert len(rows) == 8 + 2  # 8 training rows and 2 evaluation rows
+    assert len(rows) == 8 + 3  # 8 training rows and 3 evaluation rows (step 0's the baseline)
     assert all("run_name" not in r for r in rows)
     series = metric_series(rows)
     assert [x for x, _ in series["kl/mean"]] == [1, 2, 3, 4, 6, 7, 8]  # step 5 lacks it
     assert [x for x, _ in series["grad_norm"]] == [1, 2, 4, 5, 6, 7, 8]  # NaN at step 3 is a gap
-    assert series["eval/success"] == [(4, 0.25), (8, 0.5)]
+    assert series["eval/success"] == [(0, 0.37), (4, 0.5125), (8, 0.655)]
     charts = chart_groups(series)
     prefixes = [c["prefix"] for c in charts]
     assert prefixes[:3] == ["reward", "success", "eval"]
     assert prefixes[-1] == "custom"  # unknown prefixes are plotted too, after the known ones
     time_chart = next(c for c in charts if c["prefix"] == "time")
-    assert {s["key"] for s in time_chart["series"]} == {
-        "time/step",
-        "time/rollout",
-        "time/score",
-        "time/update",
-        "time/sync",
+    assert {s["key"] for s in time_chart["series"]} == {"time/step", "time/rollout", "time/score", "time/update"}
+    assert time_chart["title"] == "Time per phase (s)" and time_chart["unit"] == "s"
+    assert time_chart["notes"] == ["time/sync = 1.5 at every step"]  # constant: a note, not a line
+    lr_chart = next(c for c in charts if c["prefix"] == "lr")
+    assert lr_chart["series"] == [] and lr_chart["notes"] == ["lr = 1.000e-06 at every step"]
+    # One unit per chart: the held-out success (a fraction) and reward are drawn apart, and the
+    # evaluation's size (a count, constant) is a note.
+    eval_charts = {c["unit"]: c for c in charts if c["prefix"] == "eval"}
+    assert set(eval_charts) == {"fraction", "reward"}
+    assert [s["key"] for s in eval_charts["fraction"]["series"]] == ["eval/success"]
+    assert eval_charts["fraction"]["notes"] == [
+        "eval/episodes = 400 at every step",
+        "eval/tasks = 100 at every step",
+    ]
+
+
+def test_a_chart_holds_one_unit_and_folds_repeated_series():
+    series = {
+        "throughput/sampled_tokens": [(1, 15000.0), (2, 16000.0)],
+        "throughput/tokens_per_s": [(1, 1700.0), (2, 1800.0)],
+        "eval/success": [(0, 0.4), (5, 0.6)],
+        "eval/reward": [(0, 0.4), (5, 0.6)],  # the reward is the success here: drawn once
+        "async/staleness_max": [(1, 0.0), (2, 0.0)],
     }
+    charts = chart_groups(series)
+    throughput = [c for c in charts if c["prefix"] == "throughput"]
+    assert [(c["title"], [s["key"] for s in c["series"]]) for c in throughput] == [
+        ("Throughput (tokens)", ["throughput/sampled_tokens"]),
+        ("Throughput (tokens/s)", ["throughput/tokens_per_s"]),
+    ]
+    evaluation = [c for c in charts if c["prefix"] == "eval"]
+    assert len(evaluation) == 1 and [s["key"] for s in evaluation[0]["series"]] == ["eval/success"]
+    assert evaluation[0]["notes"] == ["eval/reward: the same values as eval/success"]
+    staleness = next(c for c in charts if c["prefix"] == "async")
+    assert staleness["series"] == [] and staleness["notes"] == ["async/staleness_max = 0 at every step"]
+    assert metric_unit("time/update") == "s" and metric_unit("tools/calls_per_step") == "per step"
+    assert metric_unit("custom/anything") == ""
+
+
+def test_the_headline_names_the_baseline_and_what_was_evaluated(run_dir):
+    result = headline(read_metrics(run_dir / "metrics.jsonl"))
+    assert result["text"] == "held-out success 37% → 66% (+28.5 pts, 100 tasks × 4)"
+    assert result["detail"] == "step 0 (before training) → step 8"
+    assert (result["baseline_step"], result["final_step"]) == (0, 8)
+    # Without a step-0 evaluation the first one is the baseline, and says so; no counts, no size.
+    rows = [{"step": 3, "eval/reward": 0.5}, {"step": 9, "eval/reward": 0.75}]
+    assert headline(rows)["text"] == "held-out reward 0.5 → 0.75 (+0.25)"
+    assert headline(rows)["detail"] == "step 3 (the first evaluation) → step 9"
+    assert headline([{"step": 1, "reward/mean": 0.2}]) is None
 
 
 def test_the_phase_timeline_is_drawn_from_its_own_metrics_not_charted(run_dir):
@@ -390,6 +450,44 @@ def test_trajectory_views_show_context_changes_tools_tokens_and_outcomes(run_dir
     tokens = solved["steps"][0]["tokens"]
     assert "".join(t for t, _ in tokens) == solved["steps"][0]["response"] + "<|im_end|>"
     assert sum(lp < math.log(0.1) for _, lp in tokens) >= 3
+    # One line per trajectory saying why it ended so; the outcome reward sits on the step that earned it.
+    assert solved["reason"] == "solved: answered 43"
+    assert failed["reason"] == "wrong answer: gave 41, expected 43"
+    assert truncated["reason"] == "cut short: a time or context limit"
+    assert errored["reason"] == "env error: TimeoutError: tool add timed out after 30 s"
+    assert [s.get("outcome_reward") for s in solved["steps"]] == [None, None, 1.0]
+
+
+def _ending(info: dict, *, stop=StopReason.STOP, terminated=True, truncated=False) -> Step:
+    return Step((1,), (2,), (-0.5,), terminated=terminated, truncated=truncated, stop_reason=stop, info=info)
+
+
+def test_the_outcome_reason_reads_what_the_env_and_the_flow_recorded():
+    counts = {"tool_counts": {"calls": 0, "parse_errors": 2, "tool_errors": 0, "near_misses": 0}}
+    calls = _ending(counts, terminated=False)
+    cases = [
+        # ToolEnv's turn limit: the last step truncated, no answer; parse errors counted over the steps.
+        (
+            Trajectory("t", (calls, _ending({**counts, "truncated": "max_turns=4 reached", "expected": "7"}, terminated=False, truncated=True))),
+            "turn limit reached without an answer (max_turns=4), expected 7 · 4 parse errors",
+        ),
+        # The flow's max_steps: recorded on the trajectory.
+        (
+            Trajectory("t", (_ending({}, terminated=False, truncated=True),), info={"truncated": "max_steps=1 reached"}),
+            "turn limit reached without an answer (max_steps=1)",
+        ),
+        # A response cut at max_tokens.
+        (Trajectory("t", (_ending({}, stop=StopReason.LENGTH, terminated=False, truncated=True),)), "token cutoff: step 1's response hit max_tokens"),
+        # An answer naming a value (the arithmetic task's "ans") shows the value.
+        (
+            Trajectory("t", (_ending({"answer": "ans", "answer_value": "2496", "expected": "2508"}),), info={"success": False}),
+            "wrong answer: gave ans = 2496, expected 2508",
+        ),
+        (Trajectory("t", (_ending({"answer": None, "expected": "3"}),)), "no answer found in the final response, expected 3"),
+        (Trajectory("t", (), status=TrajectoryStatus.ERROR, error="ValueError: bad seed"), "env error: ValueError: bad seed"),
+    ]
+    for trajectory, reason in cases:
+        assert outcome_reason(trajectory) == reason
 
 
 def test_a_summary_step_shows_as_one_and_the_next_step_continues_the_episodes_context():
@@ -459,7 +557,8 @@ def test_report_page_is_self_contained_and_its_data_cannot_break_out(run_dir, tm
     outputs = [r for t in data["trajectories"] for s in t["steps"] for r in s["tool_results"]]
     assert any(INJECTION in r for r in outputs)  # ... and still arrives intact
     assert data["embedded_steps"] == [2, 4, 6, 8]
-    assert "<th>eval/success</th>" in page and "<td>0.5</td>" in page
+    assert "<th>eval/success</th>" in page and "<td>0.655</td>" in page
+    assert "held-out success 37% → 66% (+28.5 pts, 100 tasks × 4)" in page  # the headline card
     assert "advantage: grpo" in page  # the resolved config
     assert 'class="card-key">reward/mean' in page  # a summary card
     assert len(page) < 2_000_000
@@ -581,27 +680,51 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
             page.goto(report.as_uri())
             page.wait_for_selector(".chart svg path.series")
 
-            # The plots render: one chart per metric prefix, every line has points and a visible size.
+            # The headline: held-out success before -> after, step 0 named as the baseline.
+            card = page.locator(".card.headline").inner_text()
+            assert "held-out success 37% → 66% (+28.5 pts, 100 tasks × 4)" in card
+            assert "step 0 (before training) → step 8" in card
+
+            # The plots render: one chart per metric prefix and unit, every line has points and a
+            # visible size; constant series (lr, time/sync, the evaluation's size) are a note instead.
             charts = page.locator(".chart")
             assert charts.count() == 14
             lines = page.locator("path.series")
-            assert lines.count() == 20
+            assert lines.count() == 18
+            constant = page.locator("#constant-notes").inner_text()
+            assert "lr = 1.000e-06 at every step" in constant
+            assert "time/sync = 1.5 at every step" in page.locator('.chart[data-prefix="time"] .chart-notes').inner_text()
+            assert page.locator('.chart[data-prefix="time"] h3').inner_text() == "Time per phase (s)"
+            ticks = page.locator('.chart[data-prefix="reward"] .x-tick').all_text_contents()
+            assert ticks and all(t.isdigit() for t in ticks), ticks  # whole training steps only
+            y_ticks = [float(t) for t in page.locator('.chart[data-prefix="reward"] .y-tick').all_text_contents()]
+            reward = [v for r in read_metrics(run_dir / "metrics.jsonl") if (v := r.get("reward/mean")) is not None]
+            assert y_ticks[0] <= min(reward) and y_ticks[-1] >= max(reward)  # the axis spans the data
             for i in range(lines.count()):
                 box = lines.nth(i).bounding_box()
                 assert box and box["width"] > 50, lines.nth(i).get_attribute("data-key")
             reward_chart = page.locator('.chart[data-prefix="reward"] svg')
             reward_chart.hover()
             assert "step" in page.locator('.chart[data-prefix="reward"] .tooltip').inner_text()
-            assert page.locator(".eval-table tbody tr").count() == 2
+            assert page.locator(".eval-table tbody tr").count() == 3  # step 0 (the baseline), 4 and 8
             assert page.locator("#timeline svg rect").count() == 16  # a rollout and an update per step
+            assert page.locator("#timeline .bar-step").all_text_contents()[:2] == ["1", "2"]  # bars name their step
+            boxes = [page.locator("#timeline .tick").nth(i).bounding_box() for i in range(page.locator("#timeline .tick").count())]
+            assert all(a["x"] + a["width"] < b["x"] for a, b in zip(boxes, boxes[1:], strict=False))  # no overlap
             assert "overlapped a rollout 44% of its time" in page.locator("#timeline-section").inner_text()
 
             # Clicking a trajectory shows its steps, with tool calls and low-probability tokens.
             items = page.locator(".traj-item")
             assert items.count() == 20
             assert page.locator(".step").count() == 0
+            # Each row names its trajectory (the task id repeats per sample) and why it ended.
+            assert "#6:1" in items.nth(1).inner_text() and "sample 2 of 5" in items.nth(1).inner_text()
+            assert items.nth(1).locator(".reason").inner_text() == "wrong answer: gave 41, expected 43"
             items.first.click()
             assert page.locator("#detail .step").count() == 3
+            assert page.locator("#detail .traj-head .reason").inner_text() == "solved: answered 43"
+            assert page.locator("#detail .step").nth(2).locator(".outcome-reward").inner_text() == "outcome reward 1"
+            assert page.locator("#detail .step").nth(0).locator(".outcome-reward").count() == 0
             assert page.locator("#detail .tool-call .name").first.inner_text() == "add"
             assert page.locator("#detail .seg-new").count() == 2  # what each later step added
             low = page.locator("#detail .tok.low").count()

@@ -1,11 +1,13 @@
 """``agent-r1 serve MODEL``: serve a model folder over HTTP with the OpenAI API.
 
 ``/v1/completions`` (token-id or text prompts; token ids and log-probs back), ``/v1/chat/completions``
-(the tokenizer's chat template), ``/v1/models`` and ``/health``; see ``agent_r1.rollout.server``.
+(the tokenizer's chat template), ``/v1/responses`` (OpenAI Responses) and ``/v1/messages`` (Anthropic
+Messages; tool calls parsed with ``--tool-format``), ``/v1/models`` and ``/health``; see
+``agent_r1.rollout.server``.
 The HF engine runs anywhere; ``--engine vllm`` needs the ``vllm`` package (``.venv-vllm``).
 
 ``--api-key KEY`` (or ``AGENT_R1_API_KEY``) makes every request but ``/health`` need
-``Authorization: Bearer KEY``. An address other than loopback is refused without a key unless
+``Authorization: Bearer KEY`` (or ``x-api-key: KEY``, as Anthropic's clients send it). An address other than loopback is refused without a key unless
 ``--allow-unauthenticated`` says the network is trusted: a served model is compute that anyone who
 can reach the port could spend.
 """
@@ -35,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-unauthenticated",
         action="store_true",
         help="serve a non-loopback --host without an API key (only on a network you trust)",
+    )
+    parser.add_argument(
+        "--tool-format",
+        default="hermes",
+        help="how the model writes tool calls, parsed in /v1/responses and /v1/messages answers "
+        "(hermes, llama3_json; default: %(default)s)",
     )
     parser.add_argument(
         "--engine", choices=("hf", "vllm"), default="hf", help="rollout engine (default: %(default)s)"
@@ -94,12 +102,20 @@ def run(args: argparse.Namespace) -> int:
         check_exposure(args.host, api_key=api_key, allow_unauthenticated=args.allow_unauthenticated)
     except ValueError as e:
         raise SystemExit(f"agent-r1 serve: {e}") from None
+    from agent_r1.tools.formats import get_format
+
+    try:
+        get_format(args.tool_format)
+    except (KeyError, ValueError) as e:
+        raise SystemExit(f"agent-r1 serve: --tool-format: {e}") from None
     if not Path(args.model).is_dir():
         raise SystemExit(f"agent-r1 serve: {args.model!r} is not a model folder")
     tokenizer = load_tokenizer(args.model, require_template=False)
     engine = build_engine(args, tokenizer)
     name = args.served_model_name or Path(args.model).resolve().name
-    app = build_app(engine, model_name=name, tokenizer=tokenizer, api_key=api_key)
+    app = build_app(
+        engine, model_name=name, tokenizer=tokenizer, api_key=api_key, tool_format=args.tool_format
+    )
     auth = "API key required" if api_key else "no API key"
     print(f"agent-r1 serve: {name} ({args.engine}) on http://{args.host}:{args.port}/v1, {auth}", flush=True)
     # handler_cancellation: a client that disconnects cancels its engine request (see server.py)

@@ -2,7 +2,8 @@
 
 The user writes (or already has) ``async def agent(task, client) -> float | AgentResult``, where
 ``client`` is an ``openai.AsyncOpenAI`` pointed at its own gateway session (``client.base_url`` and
-``client.api_key`` serve code that builds its own client, or runs in a subprocess). The env, named
+``client.api_key`` serve code that builds its own client, or runs in a subprocess), or with
+``sdk="anthropic"`` an ``anthropic.AsyncAnthropic`` (same session, Anthropic's base URL). The env, named
 ``agent_program`` in the env registry, runs it::
 
     env:
@@ -125,6 +126,8 @@ class AgentProgramEnv(AgentEnv):
         timeout_s: the whole agent run's time limit (None: none).
         success_threshold: ``info["success"]`` is ``reward >= success_threshold`` unless the agent says.
         agent_kwargs: extra keyword arguments for the agent.
+        sdk: the client the agent gets: ``"openai"`` (``openai.AsyncOpenAI``; chat completions and
+            the Responses API) or ``"anthropic"`` (``anthropic.AsyncAnthropic``; the Messages API).
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class AgentProgramEnv(AgentEnv):
         timeout_s: float | None = 600.0,
         success_threshold: float = 1.0,
         agent_kwargs: dict[str, Any] | None = None,
+        sdk: str = "openai",
     ) -> None:
         self.agent = _load(agent, "agent")
         if not inspect.iscoroutinefunction(self.agent):
@@ -150,6 +154,9 @@ class AgentProgramEnv(AgentEnv):
         self.timeout_s = timeout_s
         self.success_threshold = success_threshold
         self.agent_kwargs = dict(agent_kwargs or {})
+        if sdk not in ("openai", "anthropic"):
+            raise ValueError(f"AgentProgramEnv: sdk must be 'openai' or 'anthropic', got {sdk!r}")
+        self.sdk = sdk
         self.gateway = Gateway(tokenizer, format=format, tool_prompt=tool_prompt)
         self._session: GatewaySession | None = None
         self._agent_task: asyncio.Task | None = None
@@ -177,6 +184,8 @@ class AgentProgramEnv(AgentEnv):
             raise EnvKwargsError(
                 "tool_prompt", f"must be one of {TOOL_PROMPTS}, got {kwargs['tool_prompt']!r}"
             )
+        if kwargs.get("sdk", "openai") not in ("openai", "anthropic"):
+            raise EnvKwargsError("sdk", f"must be 'openai' or 'anthropic', got {kwargs['sdk']!r}")
         if "format" in kwargs:
             try:
                 get_format(kwargs["format"])
@@ -190,10 +199,17 @@ class AgentProgramEnv(AgentEnv):
         return await reply
 
     async def _run_agent(self, task: Task) -> Any:
-        import openai
-
         session = self._session
-        client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+        if self.sdk == "anthropic":
+            import anthropic
+
+            client = anthropic.AsyncAnthropic(
+                base_url=session.anthropic_base_url, api_key=session.api_key, max_retries=0
+            )
+        else:
+            import openai
+
+            client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
         try:
             return await self.agent(task, client, **self.agent_kwargs)
         finally:

@@ -1,39 +1,51 @@
-"""The agent gateway: an OpenAI-compatible chat endpoint that turns every model call into one exact step.
+"""The agent gateway: OpenAI- and Anthropic-compatible endpoints that turn every model call into one exact step.
 
-A user's agent program (a tool loop written with the ``openai`` client, the OpenAI Agents SDK, ...)
-talks to a ``GatewaySession`` as it would to the OpenAI API; each rollout gets its own session, at
-its own URL path with its own key, so concurrent agents never mix::
+A user's agent program (a tool loop written with the ``openai`` or ``anthropic`` client, the OpenAI
+Agents SDK, ...) talks to a ``GatewaySession`` as it would to the OpenAI or Anthropic API; each
+rollout gets its own session, with its own key, so concurrent agents never mix::
 
-    POST {base_url}/chat/completions     base_url = http://HOST:PORT/sessions/<id>/v1
-    GET  {base_url}/models               Authorization: Bearer <the session's api_key>
+    POST {base_url}/chat/completions     base_url = http://HOST:PORT/sessions/<id>/v1  (session.base_url)
+    POST {base_url}/responses            Authorization: Bearer <the session's api_key>
+    POST {base_url}/messages             (or x-api-key: <key>, as Anthropic's clients send it;
+    GET  {base_url}/models                anthropic's base URL is session.anthropic_base_url)
 
-Each call renders the messages and ``tools`` with the tokenizer's chat template, samples token-in /
-token-out through the session's sampler (an ``Engine``, or the trainer's loop: see
-``agent_r1.envs.agent_program``), parses tool calls in the configured format (``hermes`` by default)
-into OpenAI ``tool_calls``, and records a ``CallRecord``: prompt ids, response ids, sampler
-log-probs, finish reason, timing and ``info``.
+or, for a harness that cannot change its base URL per rollout, the same paths under
+``http://HOST:PORT/v1`` with the header ``X-Agent-R1-Session: <id>`` (``SESSION_HEADER``).
+
+The three APIs are translators (``agent_r1.rollout.dialects``) over one call: each request becomes
+chat messages + ``tools`` + a tool choice + sampling fields, and the one core here renders them with
+the tokenizer's chat template (``GatewaySession._prompt``), samples token-in / token-out through the
+session's sampler (an ``Engine``, or the trainer's loop: see ``agent_r1.envs.agent_program``), parses
+tool calls in the configured format (``hermes`` by default) into the assistant message's
+``tool_calls``, and records a ``CallRecord``: prompt ids, response ids, sampler log-probs, finish
+reason, timing and ``info``. The dialect then answers in its API's shape (``tool_calls``,
+``function_call`` items, ``tool_use`` blocks), or as that API's stream events. A Responses answer's
+conversation is kept in the session for ``previous_response_id``.
 
 Exact by construction: when a call's messages are an earlier call's messages + the assistant message
 that call returned + new messages (tool results, user turns), with the same tools, its prompt ids are
 that call's prompt ids + its sampled response ids + the ids of the template's delta — the ``append``
 context policy (``agent_r1.envs.context.AppendContext``), so the model's output is never decoded and
-re-encoded. Assistant messages the gateway returned are rendered from the model's raw text (as
-``ToolEnv`` keeps them), whatever the client sends back for them. Otherwise (the first call, or an
-agent that rewrote, dropped or reordered its history) the whole conversation is rendered afresh.
-``info["prompt"]`` says which (``"extends"`` with ``"extends_call"``, or ``"fresh"`` with
-``"fresh_reason"``).
+re-encoded. This holds whichever API the agent speaks (a Responses agent resending its input or
+chaining ``previous_response_id``, an Anthropic loop resending ``tool_use`` / ``tool_result``
+blocks): they translate to the same messages. Assistant messages the gateway returned are rendered
+from the model's raw text (as ``ToolEnv`` keeps them), whatever the client sends back for them.
+Otherwise (the first call, or an agent that rewrote, dropped or reordered its history) the whole
+conversation is rendered afresh. ``info["prompt"]`` says which (``"extends"`` with
+``"extends_call"``, or ``"fresh"`` with ``"fresh_reason"``).
 
-Deviations from the OpenAI API: ``n`` must be 1 (one call is one step); ``tool_choice`` ``"required"``
-or a named function cannot be enforced on sampling (no constrained decoding): a response without the
-call is returned as is and flagged in ``info["tool_choice_unmet"]``; a streamed answer is generated
-whole, then sent as the API's chunks. A response with a malformed call comes back as text content
-(no ``tool_calls``) with the format's errors in ``info["tool_parse_errors"]``, never as an error.
+Deviations from the APIs: ``n`` must be 1 (one call is one step); ``tool_choice`` ``"required"``
+(Anthropic's ``any``) or a named function cannot be enforced on sampling (no constrained decoding): a
+response without the call is returned as is and flagged in ``info["tool_choice_unmet"]``; a streamed
+answer is generated whole, then sent as the API's events; built-in tools, non-text content and
+structured output are refused (400, in the API's error shape). A response with a malformed call comes
+back as text content (no tool calls) with the format's errors in ``info["tool_parse_errors"]``, never
+as an error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 import uuid
@@ -46,19 +58,28 @@ from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.context import AppendContext, ContextError, ContextRequest, PreviousTurn
 from agent_r1.models.loading import require_chat_template
+from agent_r1.rollout.dialects import (
+    CHAT,
+    MESSAGES,
+    RESPONSES,
+    ChatRequest,
+    ChatResult,
+    Dialect,
+    assistant_message,
+    normal_message,
+    send_events,
+    template_message,
+)
 from agent_r1.rollout.openai_api import (
     ApiError,
     BadRequest,
     NotFound,
-    bearer_matches,
     engine_error,
     error_response,
     json_endpoint,
     key_digest,
+    key_matches,
     sampling_params,
-)
-from agent_r1.rollout.openai_api import (
-    field as body_field,
 )
 from agent_r1.tools.formats import ToolCallFormat, compact_tools_text, get_format
 from agent_r1.types import Action, Completion, Message, SamplingParams, Step, StopReason
@@ -74,7 +95,10 @@ __all__ = [
     "exact_fraction",
 ]
 
-_ROLES = ("system", "developer", "user", "assistant", "tool")
+SESSION_HEADER = "X-Agent-R1-Session"
+"""Routes a request on ``http://HOST:PORT/v1/...`` to its session (instead of ``/sessions/<id>/v1``)."""
+
+DIALECTS: tuple[Dialect, ...] = (CHAT, RESPONSES, MESSAGES)
 TOOL_PROMPTS = ("template", "compact", "none")
 
 
@@ -148,113 +172,6 @@ def exact_fraction(calls: Sequence[CallRecord | Step]) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Messages
-# ---------------------------------------------------------------------------------------------------
-
-
-def _text(content: Any, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        parts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in ("text", "output_text", "input_text"):
-                raise BadRequest(f"{where}.content[{i}]: only text content parts are supported")
-            parts.append(str(part.get("text", "")))
-        return "".join(parts)
-    raise BadRequest(f"{where}.content must be a string, a list of text parts, or null")
-
-
-def _arguments(arguments: Any, where: str) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments) if arguments.strip() else {}
-        except ValueError as e:
-            raise BadRequest(f"{where}.function.arguments is not valid JSON: {e}") from e
-    return arguments
-
-
-def _tool_calls(message: dict, where: str) -> list[tuple[str | None, str, Any]]:
-    calls = message.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise BadRequest(f"{where}.tool_calls must be a list")
-    out = []
-    for i, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise BadRequest(f"{where}.tool_calls[{i}] needs function.name")
-        out.append((call.get("id"), fn["name"], _arguments(fn.get("arguments"), f"{where}.tool_calls[{i}]")))
-    return out
-
-
-def _normal(message: dict, where: str) -> str:
-    """A message as a canonical string: what the conversation says, not how a client spells it
-    (``content`` null or "" or text parts, arguments as a JSON string or an object, extra null keys)."""
-    normal: dict[str, Any] = {"role": message["role"], "content": _text(message.get("content"), where)}
-    if message.get("tool_calls"):
-        normal["tool_calls"] = _tool_calls(message, where)
-    for key in ("tool_call_id", "name"):
-        if message.get(key) is not None:
-            normal[key] = message[key]
-    return json.dumps(normal, sort_keys=True, ensure_ascii=False)
-
-
-def _template_message(message: dict, where: str) -> Message:
-    """A client's message as chat templates take it (arguments as objects, content as text)."""
-    out: Message = {"role": message["role"], "content": _text(message.get("content"), where)}
-    calls = _tool_calls(message, where)
-    if calls:
-        out["tool_calls"] = [
-            {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls
-        ]
-    for key in ("tool_call_id", "name"):
-        if message.get(key) is not None:
-            out[key] = message[key]
-    return out
-
-
-def _check_messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise BadRequest("'messages' must be a non-empty list of message objects")
-    for i, m in enumerate(messages):
-        if m.get("role") not in _ROLES:
-            raise BadRequest(f"messages[{i}].role must be one of {', '.join(_ROLES)}, got {m.get('role')!r}")
-    return messages
-
-
-def _check_tools(body: dict) -> tuple[dict, ...] | None:
-    tools = body_field(body, "tools", list)
-    if not tools:
-        return None
-    for i, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
-            raise BadRequest(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}')
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise BadRequest(f"tools[{i}].function.name must be a non-empty string")
-    return tuple(tools)
-
-
-def _check_tool_choice(body: dict, tools: tuple[dict, ...] | None) -> str | None:
-    """``"auto"``, ``"none"``, ``"required"`` or the one function's name."""
-    choice = body.get("tool_choice")
-    if choice is None:
-        return "auto" if tools else "none"
-    if choice in ("auto", "none", "required"):
-        return choice
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    if not isinstance(name, str):
-        raise BadRequest(
-            "'tool_choice' must be 'auto', 'none', 'required' or "
-            '{"type": "function", "function": {"name": ...}}'
-        )
-    if not tools or name not in {t["function"]["name"] for t in tools}:
-        raise BadRequest(f"'tool_choice' names function {name!r}, which is not in 'tools'")
-    return name
-
-
-# ---------------------------------------------------------------------------------------------------
 # Sessions
 # ---------------------------------------------------------------------------------------------------
 
@@ -298,12 +215,19 @@ class GatewaySession:
         self._key_digest = key_digest(self.api_key)
         self._turns: list[_Turn] = []
         self._raw: dict[str, str] = {}  # normalised assistant message returned -> the model's raw text
+        self._responses: dict[str, tuple[Message, ...]] = {}  # Responses API id -> its conversation
         self._started = 0
 
     @property
     def base_url(self) -> str:
         """The OpenAI base URL of this session (``openai.AsyncOpenAI(base_url=..., api_key=...)``)."""
         return f"{self.gateway.url}/sessions/{self.id}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The Anthropic base URL of this session (``anthropic.AsyncAnthropic(base_url=..., api_key=...)``:
+        that SDK appends ``/v1/messages`` itself)."""
+        return f"{self.gateway.url}/sessions/{self.id}"
 
     def steps(self) -> tuple[Step, ...]:
         return tuple(r.step() for r in self.records)
@@ -312,8 +236,17 @@ class GatewaySession:
         self.closed = True
         self.gateway.sessions.pop(self.id, None)
 
-    def authorized(self, header: str) -> bool:
-        return bearer_matches(header, self._key_digest)
+    def authorized(self, headers: Any) -> bool:
+        """Whether the request's headers carry this session's key (``Authorization: Bearer`` or
+        ``x-api-key``)."""
+        return key_matches(headers, self._key_digest)
+
+    def remember(self, response_id: str, conversation: tuple[Message, ...]) -> None:
+        """Keep a Responses answer's conversation for a later ``previous_response_id``."""
+        self._responses[response_id] = conversation
+
+    def previous(self, response_id: str) -> tuple[Message, ...] | None:
+        return self._responses.get(response_id)
 
     # ------------------------------------------------------------------ one call
 
@@ -324,7 +257,7 @@ class GatewaySession:
         rendered = tuple(
             {"role": "assistant", "content": self._raw[n]}
             if n in self._raw
-            else _template_message(m, f"messages[{i}]")
+            else template_message(m, f"messages[{i}]")
             for i, (m, n) in enumerate(zip(messages, normal, strict=True))
         )
         rendered, template_tools = self.gateway.tool_block(rendered, tools)
@@ -357,16 +290,11 @@ class GatewaySession:
                 return f"message {i} differs from {what} (call {turn.index}): the history was rewritten"
         return f"the call has {len(normal)} messages, fewer than call {turn.index} saw and returned"
 
-    async def prepare(self, body: dict) -> _Prepared:
-        messages = _check_messages(body)
-        tools = _check_tools(body)
-        tool_choice = _check_tool_choice(body, tools)
-        if body_field(body, "n", int, 1) != 1:
-            raise BadRequest("'n' must be 1: each call through the gateway is one step")
-        response_format = body_field(body, "response_format", dict)
-        if response_format is not None and response_format.get("type") != "text":
-            raise BadRequest("'response_format' other than text is not supported by the gateway")
-        normal = tuple(_normal(m, f"messages[{i}]") for i, m in enumerate(messages))
+    async def prepare(self, request: ChatRequest) -> _Prepared:
+        """Build one call's prompt ids (exactly, when it extends an earlier call) and its sampling
+        parameters, from the dialect's translation of the request."""
+        messages, tools, tool_choice = list(request.messages), request.tools, request.tool_choice
+        normal = tuple(normal_message(m, f"messages[{i}]") for i, m in enumerate(messages))
         try:
             prompt_ids, info = await self._prompt(messages, normal, tools)
         except (TypeError, ValueError, KeyError) as e:  # jinja errors are ValueError / TypeError
@@ -380,7 +308,7 @@ class GatewaySession:
         cap = gateway.max_tokens
         if gateway.max_context is not None:
             cap = min(cap, gateway.max_context - len(prompt_ids))
-        params = sampling_params(body, max_tokens_default=cap, unsupported=("echo",))
+        params = sampling_params(request.sampling, max_tokens_default=cap, unsupported=("echo",))
         if params.max_tokens > cap:
             params = replace(params, max_tokens=cap)
         if self.max_calls is not None and self._started >= self.max_calls:
@@ -406,14 +334,16 @@ class GatewaySession:
         info = dict(call.info)
         message: Message = {"role": "assistant", "content": content}
         if prepared.tools and prepared.tool_choice != "none":
-            message, parse_info = self._tool_message(content, prepared.tool_choice, call.index)
+            message, parse_info = assistant_message(
+                content, self.gateway.format, prepared.tool_choice, f"call_{call.index}"
+            )
             info.update(parse_info)
         finish = StopReason(sampled.finish_reason)
-        self._raw[_normal(message, "the answer")] = content
+        self._raw[normal_message(message, "the answer")] = content
         self._turns.append(
             _Turn(
                 prepared.normal,
-                _normal(message, "the answer"),
+                normal_message(message, "the answer"),
                 prepared.tools,
                 call.prompt_ids,
                 sampled.token_ids,
@@ -437,40 +367,6 @@ class GatewaySession:
             call.recorded.set_result(record)
         return record
 
-    def _tool_message(self, content: str, tool_choice: str | None, index: int) -> tuple[Message, dict]:
-        fmt: ToolCallFormat = self.gateway.format
-        parsed = fmt.parse(content)
-        info: dict[str, Any] = {"tool_calls": len(parsed.calls), "tool_parse_errors": list(parsed.errors)}
-        if parsed.is_final:
-            near_miss = fmt.near_miss(content)
-            if near_miss is not None:
-                info["near_miss"] = near_miss
-        if parsed.errors or not parsed.calls:
-            # a malformed call is the model's text, returned as such: the agent sees what it wrote
-            message: Message = {"role": "assistant", "content": content}
-        else:
-            message = {
-                "role": "assistant",
-                "content": parsed.content or None,
-                "tool_calls": [
-                    {
-                        "id": f"call_{index}_{i}",
-                        "type": "function",
-                        "function": {
-                            "name": c.name,
-                            "arguments": json.dumps(c.arguments, ensure_ascii=False),
-                        },
-                    }
-                    for i, c in enumerate(parsed.calls)
-                ],
-            }
-        names = [c["function"]["name"] for c in message.get("tool_calls", [])]
-        if (tool_choice == "required" and not names) or (
-            tool_choice not in ("auto", "required", "none") and tool_choice not in names
-        ):
-            info["tool_choice_unmet"] = tool_choice
-        return message, info
-
 
 # ---------------------------------------------------------------------------------------------------
 # The HTTP server
@@ -478,7 +374,8 @@ class GatewaySession:
 
 
 class Gateway:
-    """An OpenAI-compatible HTTP server hosting sessions; ``async with Gateway(...)`` starts and stops it.
+    """An HTTP server hosting sessions (chat completions, Responses, Anthropic Messages);
+    ``async with Gateway(...)`` starts and stops it.
 
     Args:
         tokenizer: the policy's tokenizer (with a chat template).
@@ -591,22 +488,35 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_get("/health", self._health)
-        app.router.add_get("/sessions/{session}/v1/models", self._models)
-        app.router.add_post("/sessions/{session}/v1/chat/completions", json_endpoint(self._chat))
+        for prefix in ("/sessions/{session}/v1", "/v1"):  # by path, or by the X-Agent-R1-Session header
+            app.router.add_get(f"{prefix}/models", self._models)
+            for dialect in DIALECTS:
+                app.router.add_post(
+                    f"{prefix}{dialect.path}", json_endpoint(self._endpoint(dialect), dialect.error)
+                )
         return app
 
     # ------------------------------------------------------------------ endpoints
 
     def _session(self, request: web.Request) -> GatewaySession:
-        session_id = request.match_info["session"]
+        session_id = request.match_info.get("session")
+        header = request.headers.get(SESSION_HEADER)
+        if session_id is None:
+            if not header:
+                raise NotFound(
+                    f"no session named: use the path /sessions/<id>/v1/... or the {SESSION_HEADER} header"
+                )
+            session_id = header.strip()
+        elif header and header.strip() != session_id:
+            raise BadRequest(f"the path names session {session_id} and the {SESSION_HEADER} header another")
         session = self.sessions.get(session_id)
         if session is None:
             if session_id in self._ended:
                 raise ApiError(f"session {session_id} has ended", status=410, kind="invalid_request_error")
             raise NotFound(f"no session {session_id} on this gateway")
-        if not session.authorized(request.headers.get("Authorization", "")):
+        if not session.authorized(request.headers):
             raise ApiError(
-                "invalid or missing API key for this session (Authorization: Bearer ...)",
+                "invalid or missing API key for this session (Authorization: Bearer ..., or x-api-key)",
                 status=401,
                 kind="authentication_error",
             )
@@ -623,77 +533,37 @@ class Gateway:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agent-r1"}
         return web.json_response({"object": "list", "data": [card]})
 
-    async def _chat(self, request: web.Request, body: dict) -> dict | web.StreamResponse:
-        session = self._session(request)
-        stream = body_field(body, "stream", bool, False)
-        stream_options = body_field(body, "stream_options", dict, {})
-        prepared = await session.prepare(body)
+    def _endpoint(self, dialect: Dialect):
+        async def endpoint(request: web.Request, body: dict) -> dict | web.StreamResponse:
+            session = self._session(request)
+            translated = dialect.parse(body, session.previous)
+            record = await self._call(session, translated)
+            result = ChatResult(
+                record.message,
+                record.finish_reason,
+                len(record.prompt_ids),
+                len(record.response_ids),
+                self.model_name,
+            )
+            response_id = dialect.new_id()
+            if dialect.stores:
+                session.remember(response_id, dialect.conversation(translated, result))
+            if translated.stream:
+                return await send_events(
+                    request, dialect.events(translated, result, response_id), dialect.done
+                )
+            return dialect.response(translated, result, response_id)
+
+        return endpoint
+
+    async def _call(self, session: GatewaySession, request: ChatRequest) -> CallRecord:
+        """One call, whatever its dialect: build the prompt, sample, record."""
+        prepared = await session.prepare(request)
         call = prepared.call
         start = time.perf_counter()
         try:
             sampled = await session.sampler(call, prepared.params)
-            record = session.complete(prepared, sampled, time.perf_counter() - start)
+            return session.complete(prepared, sampled, time.perf_counter() - start)
         finally:
             if not call.recorded.done():  # cancelled (the client went away) or failed: no record
                 call.recorded.set_result(None)
-        finish = "tool_calls" if record.message.get("tool_calls") else record.finish_reason.value
-        usage = {
-            "prompt_tokens": len(record.prompt_ids),
-            "completion_tokens": len(record.response_ids),
-            "total_tokens": len(record.prompt_ids) + len(record.response_ids),
-        }
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_name}
-        if stream:
-            return await _stream(
-                request, head, record.message, finish, usage if stream_options.get("include_usage") else None
-            )
-        return {
-            **head,
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": record.message, "logprobs": None, "finish_reason": finish}],
-            "usage": usage,
-        }
-
-
-async def _stream(
-    request: web.Request, head: dict, message: Message, finish: str, usage: dict | None
-) -> web.StreamResponse:
-    """The answer as the OpenAI API streams it: server-sent events of ``chat.completion.chunk``
-    deltas (the role, the content, each tool call's id and name then its arguments), a chunk with the
-    finish reason, optionally one with the usage, then ``[DONE]``."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-
-    async def send(delta: dict, finish_reason: str | None = None, **extra: Any) -> None:
-        choices = (
-            []
-            if extra.get("usage")
-            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
-        )
-        chunk = {**head, "object": "chat.completion.chunk", "choices": choices, **extra}
-        await response.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
-
-    await send({"role": "assistant", "content": ""})
-    if message.get("content"):
-        await send({"content": message["content"]})
-    for i, call in enumerate(message.get("tool_calls", [])):
-        fn = call["function"]
-        await send(
-            {
-                "tool_calls": [
-                    {
-                        "index": i,
-                        "id": call["id"],
-                        "type": "function",
-                        "function": {"name": fn["name"], "arguments": ""},
-                    }
-                ]
-            }
-        )
-        await send({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
-    await send({}, finish)
-    if usage is not None:
-        await send({}, usage=usage)
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response

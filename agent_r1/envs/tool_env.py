@@ -230,7 +230,7 @@ class ToolEnv(AgentEnv):
         if parsed.is_final:
             answer = self.extract_answer(content)
             outcome = 0.0 if answer is None else float(self.outcome_reward(answer, task))
-            info.update(answer=answer, success=outcome >= self.success_threshold)
+            info.update(answer=answer, success=outcome >= self.success_threshold, **_expected(task))
             self._messages = (*self._messages, assistant)
             return StepResult(
                 observation=None,
@@ -252,7 +252,7 @@ class ToolEnv(AgentEnv):
         )
         reward = self._step_reward(parsed, results, task)
         if self._turn >= self.max_turns:
-            info.update(truncated=f"max_turns={self.max_turns} reached", success=False)
+            info.update(truncated=f"max_turns={self.max_turns} reached", success=False, **_expected(task))
             return StepResult(
                 observation=None, reward=reward, truncated=True, info=info, metrics=_count_metrics(info)
             )
@@ -283,6 +283,11 @@ class ToolEnv(AgentEnv):
 
     def _step_reward(self, parsed: ParsedResponse, results: Sequence[ToolResult], task: Task) -> float:
         return 0.0 if self.step_reward is None else float(self.step_reward(parsed, results, task))
+
+
+def _expected(task: Task) -> dict[str, str]:
+    """``{"expected": the task's answer}`` for the report's outcome line, when the task has one."""
+    return {"expected": str(task["answer"])} if isinstance(task, dict) and "answer" in task else {}
 
 
 def _count_metrics(info: dict[str, Any]) -> dict[str, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import re
 import time
 from importlib import resources
 from pathlib import Path
@@ -25,6 +26,8 @@ __all__ = [
     "CHART_ORDER",
     "chart_groups",
     "embed_json",
+    "headline",
+    "metric_unit",
     "overlap_fraction",
     "phase_timeline",
     "render_html",
@@ -35,21 +38,21 @@ __all__ = [
 CHART_ORDER: dict[str, str] = {
     "reward": "Reward",
     "success": "Success rate",
-    "eval": "Evaluation",
+    "eval": "Held-out evaluation",
     "kl": "KL to reference",
     "entropy": "Entropy",
-    "response_length": "Response length (tokens)",
+    "response_length": "Response length",
     "steps_per_trajectory": "Steps per trajectory",
-    "tools": "Tool calls, errors and near misses per step",
+    "tools": "Tool calls, errors and near misses",
     "throughput": "Throughput",
-    "time": "Time per phase (s)",
+    "time": "Time per phase",
     "loss": "Loss",
     "grad_norm": "Gradient norm",
     "lr": "Learning rate",
     "clip_fraction": "Clip fraction",
 }
-"""Charts come in this order, one per metric prefix (the part before the first "/"); metrics with
-other prefixes follow alphabetically, titled by their prefix."""
+"""Charts come in this order, one per metric prefix (the part before the first "/") and unit; metrics
+with other prefixes follow alphabetically, titled by their prefix."""
 
 _SUMMARY_KEYS = ("reward/mean", "success/mean", "eval/reward", "eval/success", "throughput/tokens_per_s")
 
@@ -59,22 +62,94 @@ _NOT_CHARTED = ("timeline",)  # wall-clock moments: drawn as the phase timeline,
 _PHASES = ("rollout", "update")
 
 
+def metric_unit(key: str) -> str:
+    """The unit of a metric, from the naming conventions of the keys agent-r1 logs ("" when unknown).
+    A chart holds one unit: a prefix whose keys have several (``throughput/sampled_tokens`` is a count,
+    ``throughput/tokens_per_s`` a rate) is drawn as one chart per unit."""
+    prefix, _, name = key.rpartition("/")
+    first = key.split("/", 1)[0]
+    if first == "time":
+        return "s"
+    if name.endswith("_per_s"):
+        return "tokens/s" if "tokens" in name else "per s"
+    if name.endswith("_per_step"):
+        return "per step"
+    if name.endswith("_fraction") or first in ("success", "clip_fraction") or key == "eval/success":
+        return "fraction"
+    if first == "reward" or key == "eval/reward":
+        return "reward"
+    if "tokens" in name or first == "response_length":
+        return "tokens"
+    if first == "steps_per_trajectory":
+        return "steps"
+    if name.startswith("staleness"):
+        return "policy versions"
+    if first == "eval" and name in ("tasks", "episodes"):
+        return "count"
+    if first == "filter":
+        return "groups"
+    if first in ("kl", "entropy", "approx_kl"):
+        return "nats"
+    return ""
+
+
+def _chart_title(prefix: str, unit: str) -> str:
+    title = CHART_ORDER.get(prefix, prefix)
+    named = re.search(rf"\b{re.escape(unit)}\b", title, re.IGNORECASE) if unit else True
+    return title if named else f"{title} ({unit})"  # no "Reward (reward)"
+
+
+def _preferred_first(key: str) -> tuple[bool, str]:
+    """Within a chart, success before reward: when two series repeat each other, the first is drawn."""
+    return ("success" not in key, key)
+
+
+def _constant(points: list[tuple[float, float]]) -> bool:
+    return len(points) > 1 and all(v == points[0][1] for _, v in points)
+
+
 def chart_groups(series: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
-    """Group metric series by prefix into charts: ``[{"title", "series": [{"key", "points"}]}]``."""
+    """Group metric series into charts: ``[{"title", "prefix", "unit", "series": [{"key", "points"}],
+    "notes"}]``, one per prefix and unit. A series that never changes (``lr`` under a constant
+    schedule, a sync run's ``async/*``), or that repeats another of its prefix point for point
+    (``eval/reward`` when the reward is the success), is not drawn: it becomes a line of its
+    chart's ``notes``. A prefix left with nothing to draw is one chart with no series and its notes."""
     groups: dict[str, list[str]] = {}
     for key in series:
         prefix = key.split("/", 1)[0]
         if prefix not in _NOT_CHARTED:
             groups.setdefault(prefix, []).append(key)
     ordered = [p for p in CHART_ORDER if p in groups] + sorted(p for p in groups if p not in CHART_ORDER)
-    return [
-        {
-            "title": CHART_ORDER.get(prefix, prefix),
-            "prefix": prefix,
-            "series": [{"key": k, "points": series[k]} for k in sorted(groups[prefix])],
-        }
-        for prefix in ordered
-    ]
+    charts = []
+    for prefix in ordered:
+        drawn: dict[str, list[str]] = {}
+        notes: list[str] = []
+        seen: dict[tuple, str] = {}
+        for key in sorted(groups[prefix], key=_preferred_first):
+            points = series[key]
+            if _constant(points):
+                notes.append(f"{key} = {_fmt(points[0][1])} at every step")
+                continue
+            signature = tuple(map(tuple, points))
+            if signature in seen:
+                notes.append(f"{key}: the same values as {seen[signature]}")
+                continue
+            seen[signature] = key
+            drawn.setdefault(metric_unit(key), []).append(key)
+        if not drawn:
+            charts.append({"title": _chart_title(prefix, ""), "prefix": prefix, "unit": "", "series": [], "notes": notes})
+            continue
+        for i, (unit, keys) in enumerate(drawn.items()):
+            charts.append(
+                {
+                    "title": _chart_title(prefix, unit),
+                    "prefix": prefix,
+                    "unit": unit,
+                    "series": [{"key": k, "points": series[k]} for k in keys],
+                    "notes": notes if i == 0 else [],
+                }
+            )
+    return charts
 
 
 def phase_timeline(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -170,6 +245,59 @@ def _eval_table(metrics: list[dict[str, Any]]) -> str:
     return f'<table class="eval-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def headline(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's result in one line: held-out success (else reward) at the first evaluation, the
+    baseline (step 0 is the model before any update), against the last one.
+
+    ``{"metric", "baseline_step", "final_step", "before", "after", "text", "detail"}``, e.g. text
+    "held-out success 37% → 66% (+28.5 pts, 100 tasks × 4)"; None without evaluation rows."""
+    for key, name in (("eval/success", "success"), ("eval/reward", "reward")):
+        rows = [r for r in metrics if r.get(key) is not None and r.get("step") is not None]
+        if rows:
+            break
+    else:
+        return None
+    first, last = rows[0], rows[-1]
+    before, after = first[key], last[key]
+    baseline = "before training" if first["step"] == 0 else "the first evaluation"
+    tasks, episodes = last.get("eval/tasks"), last.get("eval/episodes")
+    size = ""
+    if tasks and episodes:
+        per_task = episodes / tasks
+        size = f"{_fmt(tasks)} tasks × {_fmt(per_task)}" if per_task.is_integer() else f"{_fmt(episodes)} episodes"
+
+    def shown(v: float) -> str:
+        return f"{100 * v:.0f}%" if name == "success" else _fmt(v)
+
+    if last is first:
+        text = f"held-out {name} {shown(before)}" + (f" ({size})" if size else "")
+        detail = f"step {_fmt(first['step'])} ({baseline}); no later evaluation yet"
+    else:
+        change = f"{100 * (after - before):+.1f} pts" if name == "success" else f"{after - before:+.3g}"
+        text = f"held-out {name} {shown(before)} → {shown(after)} ({change}" + (f", {size})" if size else ")")
+        detail = f"step {_fmt(first['step'])} ({baseline}) → step {_fmt(last['step'])}"
+    return {
+        "metric": key,
+        "baseline_step": first["step"],
+        "final_step": last["step"],
+        "before": before,
+        "after": after,
+        "text": text,
+        "detail": detail,
+    }
+
+
+def _headline_card(metrics: list[dict[str, Any]]) -> str:
+    result = headline(metrics)
+    if result is None:
+        return ""
+    return (
+        f'<div class="card headline"><div class="card-key">result</div>'
+        f'<div class="card-value">{html.escape(result["text"])}</div>'
+        f'<div class="card-step">{html.escape(result["detail"])}</div></div>'
+    )
+
+
 def _summary(metrics: list[dict[str, Any]]) -> str:
     cards = []
     for key in _SUMMARY_KEYS:
@@ -227,7 +355,7 @@ def render_html(run: RunData, *, title: str | None = None) -> str:
   <nav><a href="#curves">Training curves</a><a href="#timeline-section">Timeline</a><a href="#evaluation">Evaluation</a><a href="#trajectories">Trajectories</a><a href="#config">Config</a></nav>
 </header>
 <main>
-<section class="summary">{_summary(run.metrics)}</section>
+<section class="summary">{_headline_card(run.metrics)}{_summary(run.metrics)}</section>
 <section id="curves"><h2>Training curves</h2><div id="charts" class="charts"></div></section>
 <section id="timeline-section"><h2>Rollout and update timeline</h2>{_timeline_section(timeline)}</section>
 <section id="evaluation"><h2>Evaluation</h2>{_eval_table(run.metrics)}</section>

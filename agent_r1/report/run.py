@@ -21,13 +21,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from agent_r1.types import Step, Trajectory, TrajectoryGroup, TrajectoryStatus, read_jsonl
+from agent_r1.types import StopReason, Step, Trajectory, TrajectoryGroup, TrajectoryStatus, read_jsonl
 
 __all__ = [
     "ContextChange",
     "RunData",
     "load_run",
     "metric_series",
+    "outcome_reason",
     "prompt_segments",
     "read_metrics",
     "trajectory_files",
@@ -253,6 +254,60 @@ def _outcome_tags(trajectory: Trajectory) -> tuple[bool | None, list[str]]:
     return success, tags
 
 
+def _one_line(text: str, limit: int = 160) -> str:
+    """A message's line to show: for a traceback its exception line (the last unindented one)."""
+    lines = [line for line in text.strip().splitlines() if line.strip() and not line[0].isspace()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def outcome_reason(trajectory: Trajectory) -> str:
+    """One line saying why the episode ended as it did, for the viewer's list and header.
+
+    Read from what the flow and the environment recorded: the trajectory's status and error, the
+    flow's ``info["truncated"]`` (``max_steps``), the last step's stop reason and ``info`` (ToolEnv's
+    ``answer`` / ``expected`` / ``truncated`` and per-step ``tool_counts``; ``answer_value`` where the
+    answer names a value, as the arithmetic task's ``ans`` does). Order: an env or engine
+    error, a cut-short episode, success, the turn limit, a token cutoff, then a wrong or missing answer;
+    parse errors are appended whenever there were any.
+    """
+    steps = trajectory.steps
+    last = steps[-1].info if steps else {}
+    parse_errors = sum(
+        int(s.info["tool_counts"].get("parse_errors", 0))
+        for s in steps
+        if isinstance(s.info.get("tool_counts"), dict)
+    )
+    expected = last.get("expected")
+    given = last.get("answer")
+    if given is not None and last.get("answer_value") not in (None, given):
+        given = f"{given} = {last['answer_value']}"  # e.g. the arithmetic task's "ans" resolved
+    expect = f", expected {expected}" if expected is not None else ""
+    if trajectory.status is TrajectoryStatus.ERROR:
+        reason = f"env error: {_one_line(trajectory.error or 'no error text recorded')}"
+    elif trajectory.status is TrajectoryStatus.TRUNCATED:
+        why = trajectory.info.get("truncated") or last.get("truncated") or "a time or context limit"
+        reason = f"cut short: {_one_line(str(why))}"
+    elif trajectory.info.get("success") is True:
+        reason = "solved" + (f": answered {given}" if given is not None else "")
+    elif steps and steps[-1].stop_reason is StopReason.LENGTH and not steps[-1].terminated:
+        reason = f"token cutoff: step {len(steps)}'s response hit max_tokens{expect}"
+    elif "truncated" in last or "truncated" in trajectory.info:
+        limit = str(last.get("truncated") or trajectory.info.get("truncated")).removesuffix(" reached")
+        reason = f"turn limit reached without an answer ({limit}){expect}"
+    elif steps and steps[-1].terminated and given is not None:
+        reason = f"wrong answer: gave {given}" + (f", expected {expected}" if expected is not None else "")
+    elif steps and steps[-1].terminated and "answer" in last:
+        reason = f"no answer found in the final response{expect}"
+    elif not steps:
+        reason = "no steps"
+    else:
+        reason = "failed" if trajectory.info.get("success") is False else "ended"
+    if parse_errors:
+        reason += f" · {parse_errors} parse error{'s' if parse_errors > 1 else ''}"
+    return reason
+
+
 def _short_info(info: dict[str, Any]) -> dict[str, Any]:
     shown = {}
     for key, value in info.items():
@@ -334,6 +389,9 @@ def trajectory_view(trajectory: Trajectory, train_step: int, index: int) -> dict
         (s.info["episode"] for s in trajectory.steps if isinstance(s.info.get("episode"), dict)), {}
     )
     info = {**episode, **{k: v for k, v in trajectory.info.items() if k != "success"}}
+    if steps:
+        # The outcome reward is earned where the episode ends, so the viewer shows it on that step.
+        steps[-1]["outcome_reward"] = _finite_or_none(trajectory.outcome_reward)
     return {
         "id": f"{train_step}:{index}",
         "train_step": train_step,
@@ -343,6 +401,7 @@ def trajectory_view(trajectory: Trajectory, train_step: int, index: int) -> dict
         "error": trajectory.error,
         "success": success,
         "tags": tags,
+        "reason": outcome_reason(trajectory),
         "outcome_reward": _finite_or_none(trajectory.outcome_reward),
         "total_reward": _finite_or_none(trajectory.total_reward),
         "num_response_tokens": trajectory.num_response_tokens,

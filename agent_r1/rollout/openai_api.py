@@ -1,7 +1,9 @@
 """The OpenAI HTTP API's request checks and error answers, shared by ``agent-r1 serve``
 (``agent_r1.rollout.server``) and the agent gateway (``agent_r1.envs.gateway``).
 
-Every error is answered in the API's format, ``{"error": {"message", "type", "code"}}``, with the
+Every error is answered in the API's format, ``{"error": {"message", "type", "param", "code"}}`` (or,
+on an Anthropic Messages route, that API's ``{"type": "error", "error": {"type", "message"}}``: the
+``error`` argument of ``json_endpoint``), with the
 HTTP status the OpenAI API (and vLLM) use: 400 for a bad request, 404 for a model or path this
 server does not have, 500 for a bug, which is logged.
 """
@@ -29,6 +31,8 @@ __all__ = [
     "field",
     "json_endpoint",
     "key_digest",
+    "key_matches",
+    "openai_error",
     "sampling_params",
 ]
 
@@ -38,6 +42,14 @@ logger = logging.getLogger(__name__)
 def key_digest(api_key: str) -> bytes:
     """The digest an API key is checked against (``bearer_matches``)."""
     return hashlib.sha256(api_key.encode("utf-8", "surrogatepass")).digest()
+
+
+def key_matches(headers: Any, expected: bytes) -> bool:
+    """Whether a request carries the key of ``expected``: ``Authorization: Bearer KEY`` (OpenAI's
+    clients) or ``x-api-key: KEY`` (Anthropic's)."""
+    if "x-api-key" in headers:
+        return hmac.compare_digest(key_digest(headers["x-api-key"].strip()), expected)
+    return bearer_matches(headers.get("Authorization", ""), expected)
 
 
 def bearer_matches(authorization: str, expected: bytes) -> bool:
@@ -58,10 +70,13 @@ class ApiError(Exception):
     status = 500
     kind = "internal_error"
 
-    def __init__(self, message: str, *, status: int | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, kind: str | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status or type(self).status
         self.kind = kind or type(self).kind
+        self.param = param
 
 
 class BadRequest(ApiError):
@@ -86,8 +101,18 @@ def engine_error(completion: Completion) -> ApiError:
     return ApiError(completion.error or "the engine failed the request", status=500, kind="engine_error")
 
 
-def error_response(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+ErrorBody = Callable[[int, str, str, "str | None"], dict]
+"""(status, message, kind, param) -> the error's JSON body in one API's shape."""
+
+
+def openai_error(status: int, message: str, kind: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_response(
+    status: int, message: str, kind: str, param: str | None = None, *, error: ErrorBody = openai_error
+) -> web.Response:
+    return web.json_response(error(status, message, kind, param), status=status)
 
 
 def field(body: dict, name: str, kinds: type | tuple[type, ...], default: Any = None) -> Any:
@@ -146,29 +171,35 @@ def sampling_params(
 Handler = Callable[[web.Request, dict], Awaitable["dict | web.StreamResponse"]]
 
 
-def json_endpoint(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def json_endpoint(
+    handler: Handler, error: ErrorBody = openai_error
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """An aiohttp handler that parses the body as a JSON object, calls ``handler(request, body)`` and
     answers its dict as JSON (or returns its stream response); ``ApiError`` becomes its status, any
-    other exception a logged 500, both in the API's error format."""
+    other exception a logged 500, both in the API's error format (``error``)."""
 
     async def endpoint(request: web.Request) -> web.StreamResponse:
         try:
             body = json.loads(await request.text(), parse_constant=_reject_constant)
         except web.HTTPRequestEntityTooLarge as e:
-            return error_response(413, e.text, "invalid_request_error")
+            return error_response(413, e.text, "invalid_request_error", error=error)
         except (ValueError, LookupError) as e:  # bad JSON, NaN / Infinity, undecodable bytes or charset
             return error_response(
-                400, f"the request body must be a JSON object ({e})", "invalid_request_error"
+                400, f"the request body must be a JSON object ({e})", "invalid_request_error", error=error
             )
         if not isinstance(body, dict):
-            return error_response(400, "the request body must be a JSON object", "invalid_request_error")
+            return error_response(
+                400, "the request body must be a JSON object", "invalid_request_error", error=error
+            )
         try:
             result = await handler(request, body)
         except ApiError as e:
-            return error_response(e.status, str(e), e.kind)
+            return error_response(e.status, str(e), e.kind, e.param, error=error)
         except Exception as e:  # a bug here must still answer in the API's error format, and be logged
             logger.exception("agent-r1 server: %s %s failed", request.method, request.path)
-            return error_response(500, f"internal server error: {type(e).__name__}: {e}", "internal_error")
+            return error_response(
+                500, f"internal server error: {type(e).__name__}: {e}", "internal_error", error=error
+            )
         return result if isinstance(result, web.StreamResponse) else web.json_response(result)
 
     return endpoint

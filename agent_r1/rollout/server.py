@@ -1,6 +1,7 @@
 """An OpenAI-compatible HTTP server over any engine (``agent-r1 serve``).
 
-Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (the
+OpenAI Responses API), ``POST /v1/messages`` (Anthropic's Messages API), ``GET /v1/models``,
 ``GET /health``. The completions API takes token-id prompts and returns the generated token ids
 and their log-probs with vLLM's conventions, so one client (``OpenAIEngine``) talks to this server
 and to ``vllm serve`` alike:
@@ -16,8 +17,17 @@ Log-probs are the engine's (``log softmax(logits / temperature)``, ``agent_r1.ty
 and ``best_of`` are not supported and answered with HTTP 400, like any invalid request; a ``model``
 other than the served one gets 404, as from vLLM.
 
-With ``api_key``, every path but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise),
-like ``vllm serve --api-key``. ``check_exposure`` is the rule ``agent-r1 serve`` applies before it
+A chat completion with ``tools`` (and ``tool_choice`` not "none") has its tool calls parsed with
+``tool_format`` into ``tool_calls`` (finish reason ``tool_calls``), as ``vllm serve
+--enable-auto-tool-choice`` answers; without tools the message is the text as sampled.
+The Responses and Messages endpoints are translated by ``agent_r1.rollout.dialects`` into one chat
+call (the chat template renders messages and tools), and the answer's tool calls are parsed with
+``tool_format`` (``hermes`` by default) into ``function_call`` items / ``tool_use`` blocks; streaming is
+the API's events for the whole answer, generated first. ``previous_response_id`` continues one of the
+last ``MAX_STORED_RESPONSES`` responses, kept in memory. Errors are in each API's own shape.
+
+With ``api_key``, every path but ``/health`` needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY``
+(Anthropic's clients) (401 otherwise), like ``vllm serve --api-key``. ``check_exposure`` is the rule ``agent-r1 serve`` applies before it
 binds: an address other than loopback needs a key, or an explicit opt-out.
 
 A client that disconnects cancels its request: the engine stops generating for it.
@@ -29,6 +39,7 @@ import asyncio
 import ipaddress
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -36,23 +47,37 @@ from typing import Any
 from aiohttp import web
 
 from agent_r1.rollout.base import Engine
+from agent_r1.rollout.dialects import (
+    MESSAGES,
+    RESPONSES,
+    ChatRequest,
+    ChatResult,
+    Dialect,
+    assistant_message,
+    send_events,
+    template_message,
+)
 from agent_r1.rollout.openai_api import (
     BadRequest,
     NotFound,
-    bearer_matches,
     engine_error,
     error_response,
     field,
     json_endpoint,
     key_digest,
+    key_matches,
     sampling_params,
 )
-from agent_r1.types import Completion, SamplingParams
+from agent_r1.tools.formats import get_format
+from agent_r1.types import Completion, Message, SamplingParams, StopReason
 
 __all__ = ["build_app", "check_exposure", "is_loopback", "start_server"]
 
 # The OpenAI API's limit on ``n``; without one, a single request could queue any number of samples.
 MAX_N = 128
+
+# Responses kept for ``previous_response_id`` (the oldest is forgotten first).
+MAX_STORED_RESPONSES = 1024
 
 
 def _finish_reason(completion: Completion) -> str:
@@ -60,12 +85,16 @@ def _finish_reason(completion: Completion) -> str:
 
 
 class _Handlers:
-    def __init__(self, engine: Engine, model_name: str, tokenizer, max_context: int | None) -> None:
+    def __init__(
+        self, engine: Engine, model_name: str, tokenizer, max_context: int | None, tool_format: str = "hermes"
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.max_context = max_context or getattr(engine, "max_context", None)
         self.vocab_size = getattr(engine, "vocab_size", None)
+        self.tool_format = get_format(tool_format)
+        self.stored: OrderedDict[str, tuple[Message, ...]] = OrderedDict()
 
     # ------------------------------------------------------------------ helpers
 
@@ -80,6 +109,18 @@ class _Handlers:
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return prompt
         raise BadRequest("'prompt' must be a string, a list of token ids, or a list of those")
+
+    def _render(self, messages: list, tools: list | None) -> list[int]:
+        """The prompt ids of a chat: the tokenizer's chat template with the generation prompt."""
+        try:
+            rendered = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as e:  # a template that rejects the conversation is the caller's problem
+            raise BadRequest(f"the chat template could not render these messages: {e}") from e
+        ids = self.tokenizer.encode(rendered, add_special_tokens=False)
+        self._check_prompt(ids)
+        return ids
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
@@ -209,14 +250,7 @@ class _Handlers:
             if "role" not in m:
                 raise BadRequest(f"messages[{i}] has no 'role'")
         tools = field(body, "tools", list)
-        try:
-            rendered = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False
-            )
-        except Exception as e:  # a template that rejects the conversation is the caller's problem
-            raise BadRequest(f"the chat template could not render these messages: {e}") from e
-        ids = self.tokenizer.encode(rendered, add_special_tokens=False)
-        self._check_prompt(ids)
+        ids = self._render(messages, tools)
         params = sampling_params(body, max_tokens_default=max(1, (self.max_context or 4096) - len(ids)))
         n = self._body_n(body)
         want_logprobs = bool(body.get("logprobs"))
@@ -224,11 +258,12 @@ class _Handlers:
         completions = await self._generate([ids], n, params)
         choices = []
         for index, c in enumerate(completions):
+            message, finish = self._chat_message(c, tools, body.get("tool_choice"))
             choice: dict[str, Any] = {
                 "index": index,
-                "message": {"role": "assistant", "content": self._text(c)},
+                "message": message,
                 "logprobs": None,
-                "finish_reason": _finish_reason(c),
+                "finish_reason": finish,
             }
             if want_logprobs:
                 tokens = self._token_strings(c.token_ids, as_ids)
@@ -256,6 +291,57 @@ class _Handlers:
             },
         }
 
+    def _chat_message(
+        self, completion: Completion, tools: list | None, tool_choice: Any
+    ) -> tuple[Message, str]:
+        """A chat answer: the text as sampled, or with ``tools`` (and ``tool_choice`` not "none") its
+        calls parsed with the tool format into ``tool_calls`` (finish reason ``tool_calls``), as
+        ``vllm serve --enable-auto-tool-choice`` does."""
+        text = self._text(completion)
+        if not tools or tool_choice == "none":
+            return {"role": "assistant", "content": text}, _finish_reason(completion)
+        eos = self.tokenizer.eos_token
+        content = text[: -len(eos)] if eos and text.endswith(eos) else text
+        message, _ = assistant_message(content, self.tool_format, "auto", f"call_{uuid.uuid4().hex[:12]}")
+        return message, "tool_calls" if message.get("tool_calls") else _finish_reason(completion)
+
+    async def dialect_call(
+        self, dialect: Dialect, request: web.Request, body: dict
+    ) -> dict | web.StreamResponse:
+        """A Responses or Messages request: translated into one chat call, rendered with the chat
+        template, sampled once, its tool calls parsed, answered in the dialect's shape."""
+        self._need_tokenizer(f"the {dialect.name} API")
+        translated: ChatRequest = dialect.parse(body, self.stored.get)
+        messages = [template_message(m, f"messages[{i}]") for i, m in enumerate(translated.messages)]
+        tools = list(translated.tools) if translated.tools else None
+        ids = self._render(messages, tools)
+        cap = max(1, (self.max_context or 4096) - len(ids))
+        params = sampling_params(translated.sampling, max_tokens_default=cap, unsupported=())
+        (completion,) = await self._generate([ids], 1, params)
+        text = self._text(completion)
+        eos = self.tokenizer.eos_token
+        content = text[: -len(eos)] if eos and text.endswith(eos) else text
+        message: Message = {"role": "assistant", "content": content}
+        if tools and translated.tool_choice != "none":
+            message, _ = assistant_message(
+                content, self.tool_format, translated.tool_choice, f"call_{uuid.uuid4().hex[:12]}"
+            )
+        result = ChatResult(
+            message,
+            StopReason(completion.finish_reason),
+            len(ids),
+            len(completion.token_ids),
+            self.model_name,
+        )
+        response_id = dialect.new_id()
+        if dialect.stores:
+            self.stored[response_id] = dialect.conversation(translated, result)
+            while len(self.stored) > MAX_STORED_RESPONSES:
+                self.stored.popitem(last=False)
+        if translated.stream:
+            return await send_events(request, dialect.events(translated, result, response_id), dialect.done)
+        return dialect.response(translated, result, response_id)
+
 
 def _json_endpoint(handlers: _Handlers, handler):
     async def checked(request: web.Request, body: dict) -> dict:
@@ -265,8 +351,17 @@ def _json_endpoint(handlers: _Handlers, handler):
     return json_endpoint(checked)
 
 
+def _dialect_endpoint(handlers: _Handlers, dialect: Dialect):
+    async def checked(request: web.Request, body: dict) -> dict | web.StreamResponse:
+        handlers.check_model(body)
+        return await handlers.dialect_call(dialect, request, body)
+
+    return json_endpoint(checked, dialect.error)
+
+
 def _require_api_key(api_key: str):
-    """Middleware: every path but ``/health`` needs ``Authorization: Bearer <api_key>``.
+    """Middleware: every path but ``/health`` needs ``Authorization: Bearer <api_key>`` (or
+    ``x-api-key: <api_key>``, as Anthropic's clients send it).
 
     Guarding everything except the one public path (rather than matching ``/v1/...``) leaves no
     route open by a spelling the check did not foresee (``bearer_matches``: constant-time).
@@ -275,11 +370,12 @@ def _require_api_key(api_key: str):
 
     @web.middleware
     async def require_api_key(request: web.Request, handler) -> web.StreamResponse:
-        if request.path != "/health" and not bearer_matches(
-            request.headers.get("Authorization", ""), expected
-        ):
+        if request.path != "/health" and not key_matches(request.headers, expected):
             response = error_response(
-                401, "invalid or missing API key (Authorization: Bearer ...)", "authentication_error"
+                401,
+                "invalid or missing API key (Authorization: Bearer ..., or x-api-key)",
+                "authentication_error",
+                error=MESSAGES.error if request.path.endswith(MESSAGES.path) else RESPONSES.error,
             )
             response.headers["WWW-Authenticate"] = "Bearer"
             return response
@@ -326,24 +422,28 @@ def build_app(
     tokenizer=None,
     max_context: int | None = None,
     api_key: str | None = None,
+    tool_format: str = "hermes",
 ) -> web.Application:
     """An aiohttp application serving ``engine`` under ``model_name``.
 
     ``tokenizer`` enables text prompts, text in responses and chat completions; ``max_context``
     (default: the engine's ``max_context``) rejects prompts that cannot fit with HTTP 400;
-    ``api_key`` makes every path but ``/health`` require ``Authorization: Bearer <api_key>``.
+    ``api_key`` makes every path but ``/health`` require ``Authorization: Bearer <api_key>`` (or
+    ``x-api-key``); ``tool_format`` parses tool calls in Responses and Messages answers.
     Serve it with ``start_server`` or ``web.run_app(..., handler_cancellation=True)``, so that a
     client's disconnect cancels its generation.
     """
     if api_key is not None and not api_key:
         raise ValueError("build_app: api_key is empty; give a non-empty key, or None")
-    handlers = _Handlers(engine, model_name, tokenizer, max_context)
+    handlers = _Handlers(engine, model_name, tokenizer, max_context, tool_format)
     middlewares = [_require_api_key(api_key)] if api_key else []
     app = web.Application(client_max_size=64 * 2**20, middlewares=middlewares)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_post("/v1/completions", _json_endpoint(handlers, handlers.completions))
     app.router.add_post("/v1/chat/completions", _json_endpoint(handlers, handlers.chat_completions))
+    for dialect in (RESPONSES, MESSAGES):
+        app.router.add_post(f"/v1{dialect.path}", _dialect_endpoint(handlers, dialect))
     return app
 
 

@@ -253,6 +253,13 @@ class ArithmeticEnv(ToolEnv):
         self.memory.reset(task)
         return await super().reset(task)
 
+    async def step(self, action):
+        result = await super().step(action)
+        if result.info.get("answer") == "ans":
+            # What "ans" stood for, for the report's outcome line ("gave ans = 2496, expected 2508").
+            result.info["answer_value"] = self.memory.resolve("ans")
+        return result
+
 
 def make_env(tokenizer, *, max_turns: int = 4, context: str = "append", **kwargs: Any) -> ArithmeticEnv:
     """An ``ArithmeticEnv``: the calculator, the compact prompt, ``<answer>`` scoring.

@@ -167,7 +167,7 @@ def demonstrate_axis_by_axis(task: Mapping[str, Any], rng: random.Random) -> lis
     needs the history (the goal, told in the opening turn), which is what the context policies keep
     or lose: ``gridwalk.demonstrate``'s interleaved moves need a lookup of the latest mention of
     each axis at every step, which the tiny model did not learn from a short warm start
-    (``benchmarks/README.md``, ``context.py``).
+    (``benchmarks/HISTORY.md``, ``context.py``).
     """
     dx, dy, _ = task_offset(task)
     horizontal = ["E" if dx > 0 else "W"] * abs(dx)

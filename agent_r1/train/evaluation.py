@@ -26,8 +26,8 @@ def evaluate_rollouts(
     reward_fn: RewardFn | None = None,
 ) -> dict[str, float]:
     """``rollout.eval_n`` samples of every task on a rollout backend's evaluation flow, seeded by
-    (seed, step): ``eval/reward``, ``eval/success`` and ``eval/error_fraction`` (an ERROR trajectory
-    counts as 0), within the error budget (``rollout_health``: too many errors raise)."""
+    (seed, step): ``eval/reward``, ``eval/success`` (an ERROR trajectory counts as 0),
+    ``eval/error_fraction``, ``eval/tasks`` and ``eval/episodes``, within the error budget (``rollout_health``: too many errors raise)."""
     base = f"{config.trainer.seed}:eval:{step}"
     groups = rollouts.collect(rollouts.submit(tasks, config.rollout.eval_n, base, evaluation=True))
     halt = rollout_health(groups, config.trainer.max_error_fraction, f"evaluation at step {step}")
@@ -48,7 +48,7 @@ def evaluate(
     reward_fn: RewardFn | None = None,
 ) -> dict[str, float]:
     """Evaluate the configured policy (``model``, or ``model.path``) on ``data.val`` and return
-    eval/reward, eval/success, eval/error_fraction."""
+    eval/reward, eval/success, eval/error_fraction, eval/tasks, eval/episodes."""
     from agent_r1.train.backends import local_rollout
     from agent_r1.train.builders import check_env, load_config_tokenizer, resolve_device
 

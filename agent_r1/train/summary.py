@@ -135,11 +135,14 @@ def score_groups(
 
 
 def evaluation_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-    """``eval/reward`` and ``eval/success`` over every trajectory (ERROR ones count as 0) and
-    ``eval/error_fraction``."""
+    """``eval/reward`` and ``eval/success`` over every trajectory (ERROR ones count as 0),
+    ``eval/error_fraction``, and what they were measured on: ``eval/tasks`` and ``eval/episodes``
+    (the report's headline reads "100 tasks x 4" from them)."""
     trajectories = [t for g in groups for t in g.trajectories]
     ok = [t.status is not TrajectoryStatus.ERROR for t in trajectories]
     return {
+        "eval/tasks": float(len(groups)),
+        "eval/episodes": float(len(trajectories)),
         "eval/error_fraction": _mean([float(not k) for k in ok]),
         "eval/reward": _mean([t.total_reward if k else 0.0 for t, k in zip(trajectories, ok, strict=True)]),
         "eval/success": _mean(

@@ -41,11 +41,14 @@
   }
 
   // ---------------------------------------------------------------- charts
-  function niceTicks(lo, hi, count) {
+  function niceStep(lo, hi, count) {
     const span = hi - lo;
-    const raw = span / count;
-    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-    const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => span / s <= count) || 10 * mag;
+    const mag = Math.pow(10, Math.floor(Math.log10(span / count)));
+    return [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => span / s <= count) || 10 * mag;
+  }
+
+  function niceTicks(lo, hi, count) {
+    const step = niceStep(lo, hi, count);
     const ticks = [];
     for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(+t.toPrecision(12));
     return ticks;
@@ -57,24 +60,42 @@
     return [lo, hi];
   }
 
+  // The y-axis runs from a labelled tick to a labelled tick, so its range is read off the axis.
+  function yAxis(values) {
+    const [lo, hi] = extent(values);
+    const step = niceStep(lo, hi, 4);
+    const bottom = +(Math.floor(lo / step + 1e-9) * step).toPrecision(12);
+    const top = +(Math.ceil(hi / step - 1e-9) * step).toPrecision(12);
+    const ticks = [];
+    for (let t = bottom; t <= top + step * 1e-9; t += step) ticks.push(+t.toPrecision(12));
+    return [bottom, top, ticks];
+  }
+
+  // Training steps are whole numbers: ticks on whole steps only.
+  function stepTicks(lo, hi) {
+    return niceTicks(lo, hi, 5).filter((t) => Number.isInteger(t));
+  }
+
   function drawChart(spec) {
     const W = 440, H = 210, L = 54, R = 12, T = 8, B = 26;
     const series = spec.series.filter((s) => s.points.length > 0);
     const xs = series.flatMap((s) => s.points.map((p) => p[0]));
     const ys = series.flatMap((s) => s.points.map((p) => p[1]));
-    const [x0, x1] = extent(xs), [y0, y1] = extent(ys);
+    let [x0, x1] = extent(xs);
+    if (Math.min(...xs) === Math.max(...xs)) { x0 = xs[0] - 1; x1 = xs[0] + 1; }
+    const [y0, y1, yTicks] = yAxis(ys);
     const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
     const sy = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": spec.title });
     const grid = svg("g", { class: "grid" }), axis = svg("g", { class: "axis" });
-    for (const t of niceTicks(y0, y1, 4)) {
+    for (const t of yTicks) {
       grid.append(svg("line", { x1: L, x2: W - R, y1: sy(t), y2: sy(t) }));
-      const label = svg("text", { x: L - 5, y: sy(t) + 3, "text-anchor": "end" });
+      const label = svg("text", { x: L - 5, y: sy(t) + 3, "text-anchor": "end", class: "y-tick" });
       label.textContent = fmt(t);
       axis.append(label);
     }
-    for (const t of niceTicks(x0, x1, 5)) {
-      const label = svg("text", { x: sx(t), y: H - B + 14, "text-anchor": "middle" });
+    for (const t of stepTicks(x0, x1)) {
+      const label = svg("text", { x: sx(t), y: H - B + 14, "text-anchor": "middle", class: "x-tick" });
       label.textContent = fmt(t);
       axis.append(label);
     }
@@ -120,13 +141,19 @@
     });
     const legend = el("div", { class: "legend" },
       series.map((s, i) => el("span", { style: `--c:${PALETTE[i % PALETTE.length]}`, text: short(s.key) })));
-    return el("div", { class: "chart", "data-prefix": spec.prefix }, el("h3", { text: spec.title }), root, legend, tooltip);
+    const notes = spec.notes.length ? el("ul", { class: "chart-notes" }, spec.notes.map((n) => el("li", { text: n }))) : null;
+    return el("div", { class: "chart", "data-prefix": spec.prefix, "data-unit": spec.unit }, el("h3", { text: spec.title }), root, legend, notes, tooltip);
   }
 
   function renderCharts() {
     const box = document.getElementById("charts");
     if (!DATA.charts.length) { box.append(el("p", { class: "empty", text: "No metrics yet (metrics.jsonl is missing or empty)." })); return; }
-    for (const spec of DATA.charts) box.append(drawChart(spec));
+    const constant = DATA.charts.filter((spec) => !spec.series.length).flatMap((spec) => spec.notes);
+    if (constant.length) {
+      box.before(el("p", { class: "constant-notes", id: "constant-notes" },
+        el("b", { text: "Not drawn, constant over the run: " }), constant.join(" · ")));
+    }
+    for (const spec of DATA.charts) if (spec.series.length) box.append(drawChart(spec));
   }
 
   // ---------------------------------------------------------------- phase timeline
@@ -151,15 +178,23 @@
         title.textContent = `step ${r.step} ${phase}: ${fmt(a)}–${fmt(b)} s`;
         bar.append(title);
         root.append(bar);
+        // Each bar is labelled with its training step where the label fits inside it.
+        const text = String(r.step);
+        if (sx(b) - sx(a) >= 7 * text.length + 4) {
+          const label = svg("text", { x: (sx(a) + sx(b)) / 2, y: T + i * lane + lane / 2 + 4, "text-anchor": "middle", class: "bar-step" });
+          label.textContent = text;
+          root.append(label);
+        }
       }
     });
-    for (const t of niceTicks(0, end || 1, 8)) {
-      const label = svg("text", { x: sx(t), y: H - 6, "text-anchor": "middle", class: "lane" });
+    // Ticks no closer than ~70 px, so their labels never touch; the unit sits left of the axis.
+    for (const t of niceTicks(0, end || 1, Math.max(2, Math.floor((W - L - R) / 70)))) {
+      const label = svg("text", { x: sx(t), y: H - 6, "text-anchor": "middle", class: "lane tick" });
       label.textContent = fmt(t);
       root.append(label);
     }
-    const unit = svg("text", { x: W - R, y: H - 6, "text-anchor": "end", class: "lane" });
-    unit.textContent = "s";
+    const unit = svg("text", { x: L - 16, y: H - 6, "text-anchor": "end", class: "lane" });
+    unit.textContent = "time (s)";
     root.append(unit);
     box.append(root);
   }
@@ -194,7 +229,7 @@
   function matches(t) {
     if (state.outcome !== "all" && !t.tags.includes(state.outcome)) return false;
     if (state.step !== "all" && String(t.train_step) !== state.step) return false;
-    if (state.search && !`${t.task_id} ${t.group_id}`.toLowerCase().includes(state.search.toLowerCase())) return false;
+    if (state.search && !`${t.id} ${t.task_id} ${t.group_id} ${t.reason}`.toLowerCase().includes(state.search.toLowerCase())) return false;
     return true;
   }
 
@@ -287,7 +322,8 @@
   function renderStep(t, step, i) {
     const head = el("div", { class: "step-head" },
       el("b", { text: `Step ${i + 1}` }),
-      el("span", {}, "reward ", signed(step.reward)),
+      el("span", {}, "step reward ", signed(step.reward)),
+      step.outcome_reward !== undefined ? el("span", { class: "outcome-reward" }, "outcome reward ", signed(step.outcome_reward)) : null,
       el("span", {}, "advantage ", step.advantage === null ? "–" : signed(step.advantage)),
       el("span", { text: `${step.response_tokens} tokens` }),
       el("span", { text: `stop: ${step.stop_reason}` }),
@@ -300,6 +336,15 @@
       el("div", { class: "step-body" }, renderPrompt(t, step, i),
         el("div", {}, el("div", { class: "label", text: "Response" }), renderTokens(step)),
         renderTools(step)));
+  }
+
+  // "sample 3 of 8": which member of its group a trajectory is (the task id alone repeats per sample).
+  function sampleLabel(t) {
+    if (t._sample === undefined) {
+      const group = groupOf(t);
+      t._sample = group.length > 1 ? ` · sample ${group.indexOf(t) + 1} of ${group.length}` : "";
+    }
+    return t._sample;
   }
 
   function groupOf(t) {
@@ -316,7 +361,8 @@
       el("span", { text: `training step ${t.train_step}` }),
       t.group_id ? el("span", { text: `group ${t.group_id} (${group.length} members)` }) : null,
       Object.keys(t.info).length ? el("span", { text: `info ${JSON.stringify(t.info)}` }) : null);
-    const head = el("div", { class: "traj-head" }, el("h3", { text: `Task ${t.task_id}` }), facts,
+    const head = el("div", { class: "traj-head" }, el("h3", { text: `Task ${t.task_id} · trajectory #${t.id}${sampleLabel(t)}` }),
+      el("div", { class: "outcome-line reason", text: t.reason }), facts,
       t.error ? el("pre", { class: "error-text", text: t.error }) : null,
       group.length > 1 ? el("button", { class: "action compare-btn", onclick: () => { state.compare = true; renderDetail(); },
         text: `Compare the ${group.length} members of this group side by side` }) : null);
@@ -335,6 +381,7 @@
         el("div", {}, "total reward ", signed(u.total_reward), ` · ${plural(u.steps.length, "step")}`)),
       u.steps.map((step, i) => el("div", { class: "mini-step" },
         el("div", { class: "label" }, `step ${i + 1} · reward `, signed(step.reward),
+          step.outcome_reward !== undefined ? [" · outcome ", signed(step.outcome_reward)] : null,
           " · adv ", step.advantage === null ? "–" : signed(step.advantage)),
         renderTokens(step),
         step.tool_calls.map((c) => el("div", { class: "tool-call" }, el("span", { class: "name", text: c.name }),
@@ -358,8 +405,9 @@
     list.append(el("div", { class: "count", text: `${shown.length} of ${TRAJ.length} trajectories` }));
     for (const t of shown) {
       list.append(el("button", { class: `traj-item${t.id === state.selected ? " selected" : ""}`, "data-id": t.id, onclick: () => select(t.id) },
-        el("div", { class: "line1" }, el("span", {}, el("b", { text: t.task_id })), el("span", {}, outcomeBadges(t))),
-        el("div", { class: "line2", text: `step ${t.train_step}${t.group_id ? ` · ${t.group_id}` : ""} · ${plural(t.steps.length, "step")} · reward ${fmt(t.total_reward)}` })));
+        el("div", { class: "line1" }, el("span", {}, el("b", { text: `#${t.id}` }), ` ${t.task_id}${sampleLabel(t)}`), el("span", {}, outcomeBadges(t))),
+        el("div", { class: "line2", text: `step ${t.train_step}${t.group_id ? ` · ${t.group_id}` : ""} · ${plural(t.steps.length, "step")} · reward ${fmt(t.total_reward)}` }),
+        el("div", { class: "reason", text: t.reason })));
     }
   }
 
@@ -386,7 +434,7 @@
         ["all", ...tags].map((tag) => el("option", { value: tag, text: tag })))),
       el("label", {}, "training step ", el("select", { id: "filter-step", onchange: onChange("step") },
         ["all", ...DATA.embedded_steps.map(String)].map((s) => el("option", { value: s, text: s })))),
-      el("label", {}, "task ", el("input", { id: "filter-search", type: "search", placeholder: "task or group id", oninput: onChange("search") })),
+      el("label", {}, "task ", el("input", { id: "filter-search", type: "search", placeholder: "id, task, group or reason", oninput: onChange("search") })),
       el("label", { title: "tokens whose sampling probability is below this are highlighted" }, "highlight tokens with p < ",
         el("input", { id: "threshold", type: "number", min: "0", max: "1", step: "0.01", value: String(state.threshold),
           onchange: (event) => { const v = parseFloat(event.target.value); if (v > 0 && v <= 1) { state.threshold = v; document.querySelectorAll(".tok[data-lp]").forEach(paintToken); } } })),

@@ -57,10 +57,10 @@ def write_config(folder: Path, model: str, run_dir: Path, **env_kwargs) -> Path:
     return path
 
 
-def train(config: Path, cwd: Path) -> subprocess.CompletedProcess:
+def train(config: Path, cwd: Path, command: str = "train") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [str(AGENT_R1), "train", str(config)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [str(AGENT_R1), command, str(config)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
 
 
@@ -118,6 +118,18 @@ def test_a_bad_agent_program_kwarg_is_refused_before_the_model_loads(env_kwargs,
     assert "no-model-here" not in output and "Traceback" not in output
     if "No module" in cause:
         assert "beside the config file, in the working directory" in output
+
+
+def test_agent_r1_eval_refuses_a_bad_agent_before_the_model_loads(tmp_path):
+    config = write_config(tmp_path, str(tmp_path / "no-model-here"), tmp_path / "run", agent="nowhere:solve")
+    done = train(config, cwd=tmp_path, command="eval")
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert (
+        output.count("agent-r1 eval: config key 'env.kwargs.agent'") == 1
+        and "No module named 'nowhere'" in output
+    )
+    assert "no-model-here" not in output and "Traceback" not in output
 
 
 @pytest.mark.parametrize(

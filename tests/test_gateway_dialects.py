@@ -127,8 +127,8 @@ def test_every_dialect_gives_the_prompt_ids_of_the_chat_tool_loop(tiny_tokenizer
         assert answer == "15" and len(steps) == 5
         assert [s.prompt_ids for s in steps] == [s.prompt_ids for s in chat[1]]
         assert [s.response_ids for s in steps] == [s.response_ids for s in chat[1]]
-        assert [s.info["prompt"] for s in steps] == ["fresh", *["extends"] * 4]
-        assert [s.info.get("extends_call") for s in steps] == [None, 0, 1, 2, 3]
+        assert [s.info["gateway"]["prompt"] for s in steps] == ["fresh", *["extends"] * 4]
+        assert [s.info["gateway"].get("extends_call") for s in steps] == [None, 0, 1, 2, 3]
         assert exact_fraction(steps) == 1.0
 
 

@@ -41,15 +41,23 @@ import asyncio
 import inspect
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from agent_r1.envs.base import AgentEnv
-from agent_r1.envs.gateway import CallRecord, Gateway, GatewaySession, PendingCall, exact_fraction
+from agent_r1.envs.base import AgentEnv, EnvKwargsError
+from agent_r1.envs.gateway import (
+    TOOL_PROMPTS,
+    CallRecord,
+    Gateway,
+    GatewaySession,
+    PendingCall,
+    exact_fraction,
+)
 from agent_r1.envs.registry import load_entry_point
+from agent_r1.tools.formats import get_format
 from agent_r1.types import Action, Observation, SamplingParams, StepResult, Task
 
 __all__ = ["AgentProgramEnv", "AgentProgramError", "AgentResult"]
@@ -74,6 +82,26 @@ class AgentProgramError(RuntimeError):
     """The agent program raised, returned something unusable, made no call, or ran out of time."""
 
 
+def _import(value: Any, key: str) -> Any:
+    """What ``value`` names when it is an import path (else ``value``), callable, or ``EnvKwargsError``."""
+    if isinstance(value, str):
+        try:
+            value = load_entry_point(value)
+        except ValueError as e:
+            hint = ""
+            if isinstance(e.__cause__, ImportError):
+                hint = (
+                    " (a module is found beside the config file, in the working directory, or where "
+                    "Python finds installed packages)"
+                )
+            raise EnvKwargsError(key, f"{e}{hint}") from None
+        except Exception as e:  # the module itself failed: a syntax error, an error at import time
+            raise EnvKwargsError(key, f"importing {value!r} raised {type(e).__name__}: {e}") from None
+    if not callable(value):
+        raise EnvKwargsError(key, f"must be callable or 'module:function', got {value!r}")
+    return value
+
+
 def _load(value: Any, what: str) -> Callable:
     obj = load_entry_point(value) if isinstance(value, str) else value
     if not callable(obj):
@@ -92,6 +120,9 @@ class AgentProgramEnv(AgentEnv):
         call_reward: optional ``(record: CallRecord, task) -> float``: the immediate reward of each call
             (e.g. a penalty for ``record.info["tool_parse_errors"]``).
         format: the tool-call format parsing responses into ``tool_calls`` (``hermes``).
+        tool_prompt: how the agent's ``tools`` reach the prompt: ``"template"`` (the chat template's
+            block of JSON schemas), ``"compact"`` (one line per tool in the system message) or
+            ``"none"`` (the agent's own prompt describes them); see ``Gateway``.
         timeout_s: the whole agent run's time limit (None: none).
         success_threshold: ``info["success"]`` is ``reward >= success_threshold`` unless the agent says.
         agent_kwargs: extra keyword arguments for the agent.
@@ -107,6 +138,7 @@ class AgentProgramEnv(AgentEnv):
         reward_fn: Callable | str | None = None,
         call_reward: Callable | str | None = None,
         format: str = "hermes",
+        tool_prompt: str = "template",
         timeout_s: float | None = 600.0,
         success_threshold: float = 1.0,
         agent_kwargs: dict[str, Any] | None = None,
@@ -125,13 +157,40 @@ class AgentProgramEnv(AgentEnv):
         if sdk not in ("openai", "anthropic"):
             raise ValueError(f"AgentProgramEnv: sdk must be 'openai' or 'anthropic', got {sdk!r}")
         self.sdk = sdk
-        self.gateway = Gateway(tokenizer, format=format)
+        self.gateway = Gateway(tokenizer, format=format, tool_prompt=tool_prompt)
         self._session: GatewaySession | None = None
         self._agent_task: asyncio.Task | None = None
         self._waiting: asyncio.Queue | None = None
         self._pending: tuple[PendingCall, asyncio.Future] | None = None
         self._deadline: float | None = None
         self._task: Task | None = None
+
+    @classmethod
+    def check_kwargs(cls, kwargs: Mapping[str, Any]) -> None:
+        """Import the agent and the reward functions and check the options, before any model loads:
+        a bad import path is one ``EnvKwargsError`` naming the key."""
+        known = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "tokenizer")]
+        for key in kwargs:
+            if key not in known:
+                raise EnvKwargsError(key, f"not an agent_program option; the options are {known}")
+        if kwargs.get("agent") is None:
+            raise EnvKwargsError("agent", "required: the agent's import path, e.g. 'my_pkg.agents:solve'")
+        for key in ("agent", "reward_fn", "call_reward"):
+            if kwargs.get(key) is not None:
+                obj = _import(kwargs[key], key)
+                if key == "agent" and not inspect.iscoroutinefunction(obj):
+                    raise EnvKwargsError(key, f"{kwargs[key]!r} must be an async function (async def)")
+        if kwargs.get("tool_prompt", "template") not in TOOL_PROMPTS:
+            raise EnvKwargsError(
+                "tool_prompt", f"must be one of {TOOL_PROMPTS}, got {kwargs['tool_prompt']!r}"
+            )
+        if kwargs.get("sdk", "openai") not in ("openai", "anthropic"):
+            raise EnvKwargsError("sdk", f"must be 'openai' or 'anthropic', got {kwargs['sdk']!r}")
+        if "format" in kwargs:
+            try:
+                get_format(kwargs["format"])
+            except (ValueError, TypeError) as e:
+                raise EnvKwargsError("format", str(e)) from None
 
     async def _sample(self, call: PendingCall, params: SamplingParams) -> Action:
         """The session's sampler: park the call until ``step`` brings its sampled action."""

@@ -9,12 +9,22 @@ window, summarise or rewrite the history between steps.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agent_r1.types import Action, Completion, Observation, StepResult, Task
 
-__all__ = ["AgentEnv", "LentPolicy"]
+__all__ = ["AgentEnv", "EnvKwargsError", "LentPolicy"]
+
+
+class EnvKwargsError(ValueError):
+    """A bad keyword argument of an env, found by ``AgentEnv.check_kwargs``: ``key`` names it."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key = key
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -60,4 +70,11 @@ class AgentEnv(ABC):
     async def step(self, action: Action) -> StepResult: ...
 
     async def close(self) -> None:  # noqa: B027 - optional hook, empty by design
+        return None
+
+    @classmethod
+    def check_kwargs(cls, kwargs: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Refuse bad ``env.kwargs`` before anything expensive starts: the trainer and ``evaluate``
+        call it on the configured kwargs before the tokenizer and the model load. Raise
+        ``EnvKwargsError(key, why)``; the default accepts anything (the constructor checks the rest)."""
         return None

@@ -81,7 +81,7 @@ from agent_r1.rollout.openai_api import (
     key_matches,
     sampling_params,
 )
-from agent_r1.tools.formats import ToolCallFormat, get_format
+from agent_r1.tools.formats import ToolCallFormat, compact_tools_text, get_format
 from agent_r1.types import Action, Completion, Message, SamplingParams, Step, StopReason
 
 __all__ = [
@@ -90,6 +90,7 @@ __all__ = [
     "GatewaySession",
     "PendingCall",
     "Sampler",
+    "TOOL_PROMPTS",
     "engine_sampler",
     "exact_fraction",
 ]
@@ -98,6 +99,7 @@ SESSION_HEADER = "X-Agent-R1-Session"
 """Routes a request on ``http://HOST:PORT/v1/...`` to its session (instead of ``/sessions/<id>/v1``)."""
 
 DIALECTS: tuple[Dialect, ...] = (CHAT, RESPONSES, MESSAGES)
+TOOL_PROMPTS = ("template", "compact", "none")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class PendingCall:
 @dataclass(frozen=True)
 class CallRecord:
     """One model call as sampled: the step it is. ``logprobs`` is None when the sampler handed back
-    an ``Action`` (the trainer's loop keeps the log-probs in its own Step)."""
+    an ``Action`` (the trainer's loop keeps the log-probs in its own Step). ``step()`` puts ``info``
+    at ``Step.info["gateway"]``, where the ``agent_program`` env's steps have it too."""
 
     index: int
     prompt_ids: tuple[int, ...]
@@ -137,7 +140,7 @@ class CallRecord:
             stop_reason=self.finish_reason,
             response_text=self.text,
             policy_version=self.policy_version,
-            info=self.info,
+            info={"gateway": self.info},
             timings={"generate": self.generate_s},
         )
 
@@ -257,6 +260,7 @@ class GatewaySession:
             else template_message(m, f"messages[{i}]")
             for i, (m, n) in enumerate(zip(messages, normal, strict=True))
         )
+        rendered, template_tools = self.gateway.tool_block(rendered, tools)
         policy = AppendContext()
         reason = "the first call of the session"
         for turn in reversed(self._turns):
@@ -264,7 +268,7 @@ class GatewaySession:
             if turn.tools == tools and normal[:k] == turn.normal and normal[k : k + 1] == (turn.returned,):
                 previous = PreviousTurn(turn.prompt_ids, turn.response_ids, num_messages=k)
                 try:
-                    prompt = await policy.build(tokenizer, ContextRequest(rendered, tools, previous))
+                    prompt = await policy.build(tokenizer, ContextRequest(rendered, template_tools, previous))
                 except ContextError as e:
                     reason = str(e)
                     break
@@ -272,7 +276,7 @@ class GatewaySession:
         else:
             if self._turns:
                 reason = self._divergence(normal, tools, self._turns[-1])
-        prompt = await policy.build(tokenizer, ContextRequest(rendered, tools))
+        prompt = await policy.build(tokenizer, ContextRequest(rendered, template_tools))
         return prompt.token_ids, {"prompt": "fresh", "fresh_reason": reason}
 
     @staticmethod
@@ -384,6 +388,11 @@ class Gateway:
         max_tokens: the most tokens one call may generate (a request asking more is capped).
         max_context: prompts this long or longer are answered 400.
         max_calls: model calls per session before it is answered 429 (None: no limit).
+        tool_prompt: how a request's ``tools`` reach the prompt: ``"template"`` (the chat template's
+            own tool block, the JSON schemas in full), ``"compact"`` (one line per tool appended to the
+            system message, ``agent_r1.tools.formats.compact_tools_text``, and no template block), or
+            ``"none"`` (nothing: the agent's own system prompt describes its tools). Responses are
+            parsed into ``tool_calls`` the same way under all three.
     """
 
     def __init__(
@@ -397,6 +406,7 @@ class Gateway:
         max_context: int | None = None,
         max_calls: int | None = None,
         host: str = "127.0.0.1",
+        tool_prompt: str = "template",
     ) -> None:
         require_chat_template(tokenizer)
         self.tokenizer = tokenizer
@@ -412,6 +422,11 @@ class Gateway:
             raise ValueError(f"Gateway: max_tokens must be >= 1, got {max_tokens}")
         if max_calls is not None and max_calls < 1:
             raise ValueError(f"Gateway: max_calls must be >= 1 or None, got {max_calls}")
+        if tool_prompt not in TOOL_PROMPTS:
+            raise ValueError(f"Gateway: tool_prompt must be one of {TOOL_PROMPTS}, got {tool_prompt!r}")
+        if tool_prompt == "compact":
+            compact_tools_text([], self.format)  # a format that cannot say how a call is written fails here
+        self.tool_prompt = tool_prompt
         self.model_name = model_name
         self.max_tokens = max_tokens
         self.max_context = max_context
@@ -421,6 +436,21 @@ class Gateway:
         self._ended: set[str] = set()
         self._runner: web.AppRunner | None = None
         self.url = ""
+
+    def tool_block(
+        self, messages: tuple[Message, ...], tools: tuple[dict, ...] | None
+    ) -> tuple[tuple[Message, ...], tuple[dict, ...] | None]:
+        """The messages and tools to render, as ``tool_prompt`` says (the same for every call of a
+        conversation, so extensions stay exact)."""
+        if tools is None or self.tool_prompt == "template":
+            return messages, tools
+        if self.tool_prompt == "none":
+            return messages, None
+        text = compact_tools_text(tools, self.format)
+        if messages and messages[0]["role"] == "system":
+            system = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
+            return (system, *messages[1:]), None
+        return ({"role": "system", "content": text}, *messages), None
 
     def open_session(self, sampler: Sampler | None = None) -> GatewaySession:
         sampler = sampler or self.sampler

@@ -42,6 +42,7 @@ __all__ = [
     "ParsedResponse",
     "ReActFormat",
     "ToolCallFormat",
+    "compact_tools_text",
     "get_format",
     "register_format",
 ]
@@ -278,6 +279,42 @@ def _find_json_calls(text: str) -> _JsonCalls | None:
         in_fence=len(_FENCE_LINE_RE.findall(text, 0, first)) % 2 == 1,
         at_start=not text[:first].strip(),
     )
+
+
+def _type_text(schema: Any) -> str:
+    if not isinstance(schema, dict):
+        return "any"
+    if "enum" in schema:
+        return "|".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return "|".join(str(k) for k in kind)
+    if kind == "array":
+        return f"{_type_text(schema.get('items'))}[]"
+    return str(kind) if kind else "any"
+
+
+def compact_tools_text(tool_schemas: Sequence[dict], fmt: ToolCallFormat) -> str:
+    """The tools in one line each, for a system prompt in place of the chat template's JSON schema block:
+    ``name(arg: type, optional?: type) - the first line of its description``, then how ``fmt`` writes a
+    call (its ``HINT``). Kept: names, types, enums, which arguments are required; dropped: parameter
+    descriptions, defaults, nested object schemas (shown as ``object``)."""
+    hint = getattr(fmt, "HINT", None)
+    if not hint:
+        raise ValueError(f"tool-call format {fmt.name!r} has no HINT saying how a call is written")
+    lines = ["# Tools"]
+    for schema in tool_schemas:
+        fn = schema.get("function", schema)
+        parameters = fn.get("parameters") or {}
+        required = set(parameters.get("required") or ())
+        arguments = ", ".join(
+            f"{name}{'' if name in required else '?'}: {_type_text(spec)}"
+            for name, spec in (parameters.get("properties") or {}).items()
+        )
+        description = (fn.get("description") or "").strip().split("\n")[0].strip()
+        lines.append(f"{fn['name']}({arguments})" + (f" - {description}" if description else ""))
+    lines.append(hint)
+    return "\n".join(lines)
 
 
 def _shorten(text: str) -> str:

@@ -26,6 +26,7 @@ __all__ = [
     "base_path",
     "build_learners",
     "check_attention",
+    "check_env",
     "critic_learner",
     "critic_model_config",
     "env_factory",
@@ -149,6 +150,29 @@ def env_factory(config: TrainConfig, tokenizer) -> Callable[[], Any]:
         return env
 
     return build
+
+
+def check_env(config: TrainConfig) -> None:
+    """``env.name``'s factory found and, when it is an ``AgentEnv`` class, its ``check_kwargs`` hook run
+    on ``env.kwargs`` (an ``agent_program``'s agent and reward imported): a ``ConfigError`` naming the
+    key, before any model loads. No-op without ``env.name``."""
+    from agent_r1.envs.base import AgentEnv, EnvKwargsError
+    from agent_r1.envs.registry import get_env_factory
+
+    if not config.env.name:
+        return
+    try:
+        factory = get_env_factory(config.env.name)
+    except (ValueError, TypeError) as e:
+        raise ConfigError("env.name", str(e)) from None
+    if not (isinstance(factory, type) and issubclass(factory, AgentEnv)):
+        return
+    try:
+        factory.check_kwargs(dict(config.env.kwargs))
+    except EnvKwargsError as e:
+        raise ConfigError(f"env.kwargs.{e.key}", e.why) from None
+    except (ValueError, TypeError) as e:
+        raise ConfigError("env.kwargs", str(e)) from None
 
 
 def agent_loop(config: TrainConfig, tokenizer, make_env: Callable[[], Any], sampling: SamplingParams):

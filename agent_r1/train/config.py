@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +57,7 @@ __all__ = [
     "RolloutConfig",
     "TrainConfig",
     "TrainerConfig",
+    "add_import_dirs",
     "apply_overrides",
     "config_from_dict",
     "config_to_dict",
@@ -676,11 +678,25 @@ def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
 
 
+def add_import_dirs(*dirs: str | Path) -> None:
+    """Put ``dirs`` at the end of ``sys.path`` (once each), so that the import paths a config names
+    (``env.name: my_pkg.envs:MyEnv``, an ``agent_program``'s ``agent: my_pkg.agents:solve``) are found
+    there without PYTHONPATH; installed packages of the same name still win."""
+    for folder in dirs:
+        entry = str(Path(folder).resolve())
+        if entry not in sys.path:
+            sys.path.append(entry)
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Load a YAML config file (or start from defaults when ``path`` is None) and apply overrides."""
+    """Load a YAML config file (or start from defaults when ``path`` is None) and apply overrides.
+
+    The import paths the config names are then found beside the config file, then in the working
+    directory (``add_import_dirs``), as well as wherever Python finds installed packages."""
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text(encoding="utf-8")
+        add_import_dirs(Path(path).parent, Path.cwd())
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:

@@ -50,8 +50,10 @@ def evaluate(
     """Evaluate the configured policy (``model``, or ``model.path``) on ``data.val`` and return
     eval/reward, eval/success, eval/error_fraction, eval/tasks, eval/episodes."""
     from agent_r1.train.backends import local_rollout
-    from agent_r1.train.builders import load_config_tokenizer, resolve_device
+    from agent_r1.train.builders import check_env, load_config_tokenizer, resolve_device
 
+    if env_factory is None and eval_flow is None:
+        check_env(config)  # before the tokenizer and the model load
     if tokenizer is None:
         tokenizer = load_config_tokenizer(config)
     if val_tasks is None and not config.data.val:

@@ -58,6 +58,7 @@ from agent_r1.report.html import write_finished_report
 from agent_r1.train.backends import BackendParts, backend_config, make_backends
 from agent_r1.train.batch import TrainBatch, build_batch, keep_groups, prefix_pair_cost
 from agent_r1.train.builders import (
+    check_env,
     estimator_needs,
     load_config_tokenizer,
     policy_objective,
@@ -170,6 +171,8 @@ class Trainer:
         self.config = config
         # Checked first: a refused resume should not wait for a model to load.
         self.resume_from = resume_checkpoint(config, resume, allow_config_change=allow_config_change)
+        if env_factory is None and flow is None and config.distributed.backend == "none":
+            check_env(config)  # a bad agent or env kwarg is refused before the model loads
         trainer = config.trainer
         apply_process_settings(trainer)
         torch.manual_seed(trainer.seed)

@@ -20,7 +20,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_r1.report import load_run, render_html, write_report
-from agent_r1.report.html import chart_groups, embed_json, headline, metric_unit, overlap_fraction, phase_timeline
+from agent_r1.report.html import (
+    chart_groups,
+    embed_json,
+    headline,
+    metric_unit,
+    overlap_fraction,
+    phase_timeline,
+)
 from agent_r1.report.run import (
     SUMMARY_STEP_KEY,
     ContextChange,
@@ -152,7 +159,9 @@ def _group(tokenizer, rng, task_number: int, train_step: int) -> list[Trajectory
     ]
     malformed = f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": }}\n</tool_call>'
     return [
-        _trajectory(tokenizer, rng, task_id, group_id, q, solved, outcome=1.0, success=True, expected=str(s2)),
+        _trajectory(
+            tokenizer, rng, task_id, group_id, q, solved, outcome=1.0, success=True, expected=str(s2)
+        ),
         _trajectory(
             tokenizer,
             rng,
@@ -226,7 +235,10 @@ def make_run_dir(root: Path, tokenizer, *, train_steps: int = 8, dump_every: int
     evaluated_on = {"eval/tasks": 100, "eval/episodes": 400}  # 100 held-out tasks x 4 samples
     with open(run / "metrics.jsonl", "w") as f:
         # The evaluation before any update: the report's baseline.
-        f.write(json.dumps({"step": 0, "time": t0, "eval/reward": 0.3, "eval/success": 0.37, **evaluated_on}) + "\n")
+        f.write(
+            json.dumps({"step": 0, "time": t0, "eval/reward": 0.3, "eval/success": 0.37, **evaluated_on})
+            + "\n"
+        )
         for step in range(1, train_steps + 1):
             progress = step / train_steps
             row = {
@@ -306,7 +318,12 @@ def test_metrics_are_read_leniently_and_grouped_by_prefix(run_dir):
     assert prefixes[:3] == ["reward", "success", "eval"]
     assert prefixes[-1] == "custom"  # unknown prefixes are plotted too, after the known ones
     time_chart = next(c for c in charts if c["prefix"] == "time")
-    assert {s["key"] for s in time_chart["series"]} == {"time/step", "time/rollout", "time/score", "time/update"}
+    assert {s["key"] for s in time_chart["series"]} == {
+        "time/step",
+        "time/rollout",
+        "time/score",
+        "time/update",
+    }
     assert time_chart["title"] == "Time per phase (s)" and time_chart["unit"] == "s"
     assert time_chart["notes"] == ["time/sync = 1.5 at every step"]  # constant: a note, not a line
     lr_chart = next(c for c in charts if c["prefix"] == "lr")
@@ -468,23 +485,50 @@ def test_the_outcome_reason_reads_what_the_env_and_the_flow_recorded():
     cases = [
         # ToolEnv's turn limit: the last step truncated, no answer; parse errors counted over the steps.
         (
-            Trajectory("t", (calls, _ending({**counts, "truncated": "max_turns=4 reached", "expected": "7"}, terminated=False, truncated=True))),
+            Trajectory(
+                "t",
+                (
+                    calls,
+                    _ending(
+                        {**counts, "truncated": "max_turns=4 reached", "expected": "7"},
+                        terminated=False,
+                        truncated=True,
+                    ),
+                ),
+            ),
             "turn limit reached without an answer (max_turns=4), expected 7 · 4 parse errors",
         ),
         # The flow's max_steps: recorded on the trajectory.
         (
-            Trajectory("t", (_ending({}, terminated=False, truncated=True),), info={"truncated": "max_steps=1 reached"}),
+            Trajectory(
+                "t",
+                (_ending({}, terminated=False, truncated=True),),
+                info={"truncated": "max_steps=1 reached"},
+            ),
             "turn limit reached without an answer (max_steps=1)",
         ),
         # A response cut at max_tokens.
-        (Trajectory("t", (_ending({}, stop=StopReason.LENGTH, terminated=False, truncated=True),)), "token cutoff: step 1's response hit max_tokens"),
+        (
+            Trajectory("t", (_ending({}, stop=StopReason.LENGTH, terminated=False, truncated=True),)),
+            "token cutoff: step 1's response hit max_tokens",
+        ),
         # An answer naming a value (the arithmetic task's "ans") shows the value.
         (
-            Trajectory("t", (_ending({"answer": "ans", "answer_value": "2496", "expected": "2508"}),), info={"success": False}),
+            Trajectory(
+                "t",
+                (_ending({"answer": "ans", "answer_value": "2496", "expected": "2508"}),),
+                info={"success": False},
+            ),
             "wrong answer: gave ans = 2496, expected 2508",
         ),
-        (Trajectory("t", (_ending({"answer": None, "expected": "3"}),)), "no answer found in the final response, expected 3"),
-        (Trajectory("t", (), status=TrajectoryStatus.ERROR, error="ValueError: bad seed"), "env error: ValueError: bad seed"),
+        (
+            Trajectory("t", (_ending({"answer": None, "expected": "3"}),)),
+            "no answer found in the final response, expected 3",
+        ),
+        (
+            Trajectory("t", (), status=TrajectoryStatus.ERROR, error="ValueError: bad seed"),
+            "env error: ValueError: bad seed",
+        ),
     ]
     for trajectory, reason in cases:
         assert outcome_reason(trajectory) == reason
@@ -693,12 +737,19 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
             assert lines.count() == 18
             constant = page.locator("#constant-notes").inner_text()
             assert "lr = 1.000e-06 at every step" in constant
-            assert "time/sync = 1.5 at every step" in page.locator('.chart[data-prefix="time"] .chart-notes').inner_text()
+            assert (
+                "time/sync = 1.5 at every step"
+                in page.locator('.chart[data-prefix="time"] .chart-notes').inner_text()
+            )
             assert page.locator('.chart[data-prefix="time"] h3').inner_text() == "Time per phase (s)"
             ticks = page.locator('.chart[data-prefix="reward"] .x-tick').all_text_contents()
             assert ticks and all(t.isdigit() for t in ticks), ticks  # whole training steps only
-            y_ticks = [float(t) for t in page.locator('.chart[data-prefix="reward"] .y-tick').all_text_contents()]
-            reward = [v for r in read_metrics(run_dir / "metrics.jsonl") if (v := r.get("reward/mean")) is not None]
+            y_ticks = [
+                float(t) for t in page.locator('.chart[data-prefix="reward"] .y-tick').all_text_contents()
+            ]
+            reward = [
+                v for r in read_metrics(run_dir / "metrics.jsonl") if (v := r.get("reward/mean")) is not None
+            ]
             assert y_ticks[0] <= min(reward) and y_ticks[-1] >= max(reward)  # the axis spans the data
             for i in range(lines.count()):
                 box = lines.nth(i).bounding_box()
@@ -708,9 +759,17 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
             assert "step" in page.locator('.chart[data-prefix="reward"] .tooltip').inner_text()
             assert page.locator(".eval-table tbody tr").count() == 3  # step 0 (the baseline), 4 and 8
             assert page.locator("#timeline svg rect").count() == 16  # a rollout and an update per step
-            assert page.locator("#timeline .bar-step").all_text_contents()[:2] == ["1", "2"]  # bars name their step
-            boxes = [page.locator("#timeline .tick").nth(i).bounding_box() for i in range(page.locator("#timeline .tick").count())]
-            assert all(a["x"] + a["width"] < b["x"] for a, b in zip(boxes, boxes[1:], strict=False))  # no overlap
+            assert page.locator("#timeline .bar-step").all_text_contents()[:2] == [
+                "1",
+                "2",
+            ]  # bars name their step
+            boxes = [
+                page.locator("#timeline .tick").nth(i).bounding_box()
+                for i in range(page.locator("#timeline .tick").count())
+            ]
+            assert all(
+                a["x"] + a["width"] < b["x"] for a, b in zip(boxes, boxes[1:], strict=False)
+            )  # no overlap
             assert "overlapped a rollout 44% of its time" in page.locator("#timeline-section").inner_text()
 
             # Clicking a trajectory shows its steps, with tool calls and low-probability tokens.
@@ -723,7 +782,10 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
             items.first.click()
             assert page.locator("#detail .step").count() == 3
             assert page.locator("#detail .traj-head .reason").inner_text() == "solved: answered 43"
-            assert page.locator("#detail .step").nth(2).locator(".outcome-reward").inner_text() == "outcome reward 1"
+            assert (
+                page.locator("#detail .step").nth(2).locator(".outcome-reward").inner_text()
+                == "outcome reward 1"
+            )
             assert page.locator("#detail .step").nth(0).locator(".outcome-reward").count() == 0
             assert page.locator("#detail .tool-call .name").first.inner_text() == "add"
             assert page.locator("#detail .seg-new").count() == 2  # what each later step added

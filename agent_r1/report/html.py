@@ -137,7 +137,15 @@ def chart_groups(series: dict[str, list[tuple[float, float]]]) -> list[dict[str,
             seen[signature] = key
             drawn.setdefault(metric_unit(key), []).append(key)
         if not drawn:
-            charts.append({"title": _chart_title(prefix, ""), "prefix": prefix, "unit": "", "series": [], "notes": notes})
+            charts.append(
+                {
+                    "title": _chart_title(prefix, ""),
+                    "prefix": prefix,
+                    "unit": "",
+                    "series": [],
+                    "notes": notes,
+                }
+            )
             continue
         for i, (unit, keys) in enumerate(drawn.items()):
             charts.append(
@@ -251,12 +259,14 @@ def headline(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
 
     ``{"metric", "baseline_step", "final_step", "before", "after", "text", "detail"}``, e.g. text
     "held-out success 37% → 66% (+28.5 pts, 100 tasks × 4)"; None without evaluation rows."""
-    for key, name in (("eval/success", "success"), ("eval/reward", "reward")):
-        rows = [r for r in metrics if r.get(key) is not None and r.get("step") is not None]
-        if rows:
-            break
-    else:
+    evaluated = {
+        k: [r for r in metrics if r.get(k) is not None and r.get("step") is not None]
+        for k in ("eval/success", "eval/reward")
+    }
+    key = next((k for k, rows in evaluated.items() if rows), None)
+    if key is None:
         return None
+    rows, name = evaluated[key], key.removeprefix("eval/")
     first, last = rows[0], rows[-1]
     before, after = first[key], last[key]
     baseline = "before training" if first["step"] == 0 else "the first evaluation"
@@ -264,7 +274,11 @@ def headline(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
     size = ""
     if tasks and episodes:
         per_task = episodes / tasks
-        size = f"{_fmt(tasks)} tasks × {_fmt(per_task)}" if per_task.is_integer() else f"{_fmt(episodes)} episodes"
+        size = (
+            f"{_fmt(tasks)} tasks × {_fmt(per_task)}"
+            if per_task.is_integer()
+            else f"{_fmt(episodes)} episodes"
+        )
 
     def shown(v: float) -> str:
         return f"{100 * v:.0f}%" if name == "success" else _fmt(v)

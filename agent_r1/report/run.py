@@ -21,7 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from agent_r1.types import StopReason, Step, Trajectory, TrajectoryGroup, TrajectoryStatus, read_jsonl
+from agent_r1.types import Step, StopReason, Trajectory, TrajectoryGroup, TrajectoryStatus, read_jsonl
 
 __all__ = [
     "ContextChange",

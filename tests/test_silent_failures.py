@@ -87,3 +87,126 @@ def test_the_trainer_refuses_before_loading_the_model(tmp_path, tiny_checkpoint,
     out = capsys.readouterr().out
     assert "row 1 (id 'train-0-1') has no field 'answer'" in out
     assert "no-such-model" not in out  # refused before the model was looked for
+
+
+# ---------------------------------------------------------------- a checkpoint that cannot be written
+
+
+def _train_config(tmp_path: Path, run_dir: Path, **trainer) -> Path:
+    tasks = _write_jsonl(tmp_path / "low.jsonl", [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(4)])
+    config = {
+        "model": {"path": str(trainer.pop("model"))},
+        "data": {"train": str(tasks)},
+        "env": {"name": "trainer_envs:LowByteEnv"},
+        "rollout": {"n": 2, "max_tokens": 4, "max_steps": 1, "max_batch_size": 8},
+        "trainer": {
+            "steps": 1,
+            "tasks_per_step": 2,
+            "lr": 3e-3,
+            "checkpoint_every": 1,
+            "keep_checkpoints": 3,
+            "torch_threads": 1,
+            "run_dir": str(run_dir),
+            **trainer,
+        },
+        "logging": {"progress": False, "tensorboard": False, "report": False},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real file system of its own (a tmpfs), so that a full disk is a real ENOSPC."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> Path:
+    """Take all but ``leave`` bytes of the file system of ``disk`` (allocated, not sparse)."""
+    import os
+    import shutil
+
+    ballast = disk / "ballast"
+    fd = os.open(ballast, os.O_CREAT | os.O_WRONLY)
+    try:
+        os.posix_fallocate(fd, 0, shutil.disk_usage(disk).free - leave)
+    finally:
+        os.close(fd)
+    return ballast
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_error_and_the_previous_one_resumes(
+    tmp_path, tmpfs, tiny_checkpoint, capsys
+):
+    import torch
+
+    from agent_r1.cli import main
+    from agent_r1.train.checkpoint import checkpoint_problem
+
+    disk = tmpfs(tmp_path / "disk", "48m")
+    run = disk / "run"
+    config = _train_config(tmp_path, run, model=tiny_checkpoint)
+    assert main(["train", str(config)]) == 0
+    checkpoints = run / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001"]
+    capsys.readouterr()
+
+    ballast = _fill(disk, leave=256 * 1024)  # room for the logs, not for a 3 MB model
+    assert main(["train", str(config), "trainer.steps=2", "--resume"]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, out  # one error, no traceback
+    assert "cannot write checkpoint step_000002 under" in out[0]
+    assert "No space left on device" in out[0]
+    assert "the previous checkpoint step_000001 is intact" in out[0]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001"]  # the partial write is gone
+    assert checkpoint_problem(checkpoints / "step_000001") is None
+
+    ballast.unlink()
+    assert main(["train", str(config), "trainer.steps=2", "--resume"]) == 0
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001", "step_000002"]
+    state = torch.load(checkpoints / "step_000002" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 2
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+
+def test_an_unwritable_checkpoint_directory_is_one_error_and_the_previous_one_resumes(
+    tmp_path, tmpfs, tiny_checkpoint, capsys
+):
+    import subprocess
+
+    from agent_r1.cli import main
+    from agent_r1.train.checkpoint import checkpoint_problem
+
+    run = tmp_path / "run"
+    checkpoints = tmpfs(run / "checkpoints", "48m")
+    config = _train_config(tmp_path, run, model=tiny_checkpoint)
+    assert main(["train", str(config)]) == 0
+    capsys.readouterr()
+    subprocess.run(["mount", "-o", "remount,ro", str(checkpoints)], check=True)
+    assert main(["train", str(config), "trainer.steps=2", "--resume"]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, out
+    assert "cannot write checkpoint step_000002" in out[0] and "Read-only file system" in out[0]
+    assert "the previous checkpoint step_000001 is intact" in out[0]
+    subprocess.run(["mount", "-o", "remount,rw", str(checkpoints)], check=True)
+    assert checkpoint_problem(checkpoints / "step_000001") is None
+    assert main(["train", str(config), "trainer.steps=2", "--resume"]) == 0
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001", "step_000002"]

@@ -210,3 +210,50 @@ def test_an_unwritable_checkpoint_directory_is_one_error_and_the_previous_one_re
     assert checkpoint_problem(checkpoints / "step_000001") is None
     assert main(["train", str(config), "trainer.steps=2", "--resume"]) == 0
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001", "step_000002"]
+
+
+# ---------------------------------------------------------------- a run dir that holds an earlier run
+
+
+def test_a_fresh_start_into_a_run_with_checkpoints_is_refused_unless_a_flag_says_what_to_do(
+    tmp_path, tiny_checkpoint, capsys, caplog
+):
+    import logging
+
+    from agent_r1.cli import main
+
+    run = tmp_path / "run"
+    config = _train_config(tmp_path, run, model=tiny_checkpoint, steps=2, checkpoint_every=1)
+    assert main(["train", str(config)]) == 0
+    checkpoints = run / "checkpoints"
+    before = {p.name: p.stat().st_mtime_ns for p in checkpoints.iterdir()}
+    assert sorted(before) == ["step_000001", "step_000002"]
+    metrics = (run / "metrics.jsonl").read_text()
+    capsys.readouterr()
+
+    assert main(["train", str(config)]) == 2
+    out = capsys.readouterr().out
+    assert f"trainer.run_dir {run} already holds checkpoints (step_000001, step_000002)" in out
+    assert "--resume" in out and "--resume-or-start" in out and "--overwrite" in out
+    assert {p.name: p.stat().st_mtime_ns for p in checkpoints.iterdir()} == before  # untouched
+    assert (run / "metrics.jsonl").read_text() == metrics
+
+    # --resume-or-start continues (nothing left to train at steps=2, one more at steps=3).
+    assert main(["train", str(config), "trainer.steps=3", "--resume-or-start"]) == 0
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001", "step_000002", "step_000003"]
+    with pytest.raises(SystemExit) as refused:  # argparse: one or the other
+        main(["train", str(config), "--resume", "--overwrite"])
+    assert refused.value.code == 2
+    capsys.readouterr()
+
+    with caplog.at_level(logging.WARNING, logger="agent_r1.train.resume"):
+        assert main(["train", str(config), "trainer.steps=1", "--overwrite"]) == 0
+    assert "--overwrite: deleted the earlier run in" in caplog.text
+    assert "checkpoints/{step_000001, step_000002, step_000003}, metrics.jsonl" in caplog.text
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001"]
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+
+    # A run directory without checkpoints (a run killed before its first) starts without a flag.
+    fresh = tmp_path / "fresh"
+    (fresh / "checkpoints").mkdir(parents=True)
+    assert main(["train", str(config), f"trainer.run_dir={fresh}", "trainer.steps=1"]) == 0

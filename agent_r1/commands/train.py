@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const="auto",
         help="like --resume, but start a fresh run when trainer.run_dir holds no checkpoint",
     )
+    resume.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a trainer.run_dir that holds an earlier run: deletes its checkpoints, "
+        "metrics.jsonl, trajectories/ and tb/ (without a flag such a run directory is refused)",
+    )
     parser.add_argument(
         "--allow-config-change",
         action="store_true",
@@ -78,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
                 return 2
         from agent_r1.train.trainer import Trainer
 
-        trainer = Trainer(config, resume=args.resume, allow_config_change=args.allow_config_change)
+        trainer = Trainer(
+            config,
+            resume=args.resume,
+            allow_config_change=args.allow_config_change,
+            overwrite=args.overwrite or args.smoke,  # a smoke folder is rebuilt each time
+        )
     except (
         ConfigError,
         DataError,

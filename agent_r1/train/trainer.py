@@ -164,12 +164,15 @@ class Trainer:
         resume: ResumeMode = False,
         allow_config_change: bool = False,
         runtime_env: dict | None = None,
+        overwrite: bool = False,
     ) -> None:
         # Checked before anything starts: Ray refuses objects built here, and reads absolute paths.
         config = backend_config(config, BackendParts(model, engine, flow, eval_flow, env_factory))
         self.config = config
         # Checked first: a refused resume should not wait for a model to load.
-        self.resume_from = resume_checkpoint(config, resume, allow_config_change=allow_config_change)
+        self.resume_from = resume_checkpoint(
+            config, resume, allow_config_change=allow_config_change, overwrite=overwrite
+        )
         trainer = config.trainer
         apply_process_settings(trainer)
         torch.manual_seed(trainer.seed)

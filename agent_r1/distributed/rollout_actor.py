@@ -161,6 +161,7 @@ class RolloutPool:
             max_restarts=0,
             max_concurrency=1000,
             runtime_env=runtime_env,
+            scheduling_strategy=dist.placement.upper(),
         )
         self.actors = [self._remote.remote(config, slot) for slot in range(dist.num_rollout_actors)]
         self.generations = [0] * dist.num_rollout_actors

@@ -281,6 +281,7 @@ class Trainer:
                 metrics["update/skipped"] = 1.0
             metrics.update(self._timeline(learn_start, time.time()))
             metrics.update(self.rollouts.metrics())
+            metrics.update(self.learner.metrics())
         if self.config.logging.dump_trajectories and self.run_dir is not None:
             self.run_dir.dump_trajectories(step, self.annotate(groups, batch))
         metrics.update(timer.seconds)

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from ray.exceptions import RayActorError
 
+from agent_r1.distributed.placement import scheduling
 from agent_r1.train.backends import export_weights
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.builders import build_learners, estimator_needs, load_config_tokenizer
@@ -193,12 +194,12 @@ class LearnerGroup:
     ) -> None:
         dist = config.distributed
         self.config = config
-        self._remote = ray.remote(LearnerWorker).options(
+        self._remote = ray.remote(LearnerWorker)
+        self._options = dict(
             num_cpus=dist.learner_num_cpus,
             num_gpus=dist.learner_num_gpus,
             max_restarts=0,
             runtime_env=runtime_env,
-            scheduling_strategy=dist.placement.upper(),
         )
         self.owns_ray = owns_ray
         self.has_critic = estimator_needs(config).critic is not None
@@ -217,7 +218,12 @@ class LearnerGroup:
 
     def _start(self) -> None:
         size = self.config.distributed.num_learner_workers
-        self.workers = [self._remote.remote(self.config, rank, size) for rank in range(size)]
+        self.workers = [
+            self._remote.options(**self._options, **scheduling(self.config, rank)).remote(
+                self.config, rank, size
+            )
+            for rank in range(size)
+        ]
         addr, port = self._wait([self.workers[0].address.remote()])[0]
         self._wait([w.setup.remote(addr, port) for w in self.workers])
 

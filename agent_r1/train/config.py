@@ -387,7 +387,8 @@ class DistributedConfig:
     placement: Literal["default", "spread"] = _opt(
         "default",
         "How Ray places the rollout actors and learner workers: 'default' (Ray's: the driver's node "
-        "first, while it has room) or 'spread' (across the cluster's nodes).",
+        "first, while it has room) or 'spread' (actor k of each kind prefers the k-th alive node, the "
+        "driver's first; a node that is gone or full is passed over).",
     )
 
 

@@ -210,7 +210,7 @@ def test_view_command_refuses_a_public_bind_without_a_key(tmp_path):
         assert "does not exist" in allowed.stderr, (args, allowed.stderr)
 
 
-def test_view_with_a_key_serves_only_requests_that_carry_it(tmp_path):
+def test_view_with_a_key_serves_only_requests_that_carry_it(tmp_path, capsys):
     import threading
     import urllib.error
     import urllib.request
@@ -243,3 +243,5 @@ def test_view_with_a_key_serves_only_requests_that_carry_it(tmp_path):
         server.server_close()
     with pytest.raises(ValueError, match="API key is empty"):
         make_server(tmp_path, api_key="")
+    log = capsys.readouterr().err
+    assert "GET /?key=*** " in log and KEY not in log  # the access log does not leak the key

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import sys
 from collections.abc import Callable
 from http import HTTPStatus
@@ -19,6 +20,9 @@ from agent_r1.report.html import render_html
 from agent_r1.report.run import load_run
 
 __all__ = ["make_server", "serve"]
+
+
+_KEY_IN_QUERY = re.compile(r"([?&]key=)[^&\s]*")
 
 
 def _digest(key: str) -> bytes:
@@ -75,7 +79,8 @@ def make_server(
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
-            sys.stderr.write(f"agent-r1 view: {self.address_string()} {format % args}\n")
+            line = _KEY_IN_QUERY.sub(r"\1***", format % args)  # the request line may carry ?key=KEY
+            sys.stderr.write(f"agent-r1 view: {self.address_string()} {line}\n")
 
     return ThreadingHTTPServer((host, port), Handler)
 

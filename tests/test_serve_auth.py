@@ -178,36 +178,30 @@ def test_serve_command_refuses_a_public_bind_without_a_key():
 # ---------------------------------------------------------------- agent-r1 view: the same rule
 
 
-def run_view(run_dir: str, *args: str, env_key: str | None = None) -> subprocess.CompletedProcess:
+def test_view_command_refuses_a_public_bind_without_a_key(tmp_path, monkeypatch, capsys):
     """``agent-r1 view`` of a run directory that does not exist: the exposure check runs first, so a
     refused start names the check and an allowed one stops at the missing folder; nothing is bound."""
-    env = {k: v for k, v in os.environ.items() if k != "AGENT_R1_API_KEY"}
-    if env_key is not None:
-        env["AGENT_R1_API_KEY"] = env_key
-    return subprocess.run(
-        [sys.executable, "-m", "agent_r1.cli", "view", run_dir, "--port", "0", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    from agent_r1.cli import main
 
-
-def test_view_command_refuses_a_public_bind_without_a_key(tmp_path):
     missing = str(tmp_path / "no-run")
-    refused = run_view(missing, "--host", "0.0.0.0")
-    assert refused.returncode == 1
-    assert "refusing to serve on '0.0.0.0' without an API key" in refused.stderr
-    assert "read the run's trajectories" in refused.stderr
+    monkeypatch.delenv("AGENT_R1_API_KEY", raising=False)
+    assert main(["view", missing, "--port", "0", "--host", "0.0.0.0"]) == 1
+    refused = capsys.readouterr().err
+    assert "refusing to serve on '0.0.0.0' without an API key" in refused
+    assert "read the run's trajectories" in refused
     for args, env_key in (
         (("--host", "0.0.0.0", "--allow-unauthenticated"), None),
-        (("--host", "0.0.0.0"), KEY),
+        (("--host", "0.0.0.0"), KEY),  # the key from AGENT_R1_API_KEY
         (("--host", "0.0.0.0", "--api-key", KEY), None),
         (("--host", "127.0.0.1"), None),
     ):
-        allowed = run_view(missing, *args, env_key=env_key)
-        assert allowed.returncode == 1, (args, allowed.stderr)
-        assert "does not exist" in allowed.stderr, (args, allowed.stderr)
+        if env_key is None:
+            monkeypatch.delenv("AGENT_R1_API_KEY", raising=False)
+        else:
+            monkeypatch.setenv("AGENT_R1_API_KEY", env_key)
+        assert main(["view", missing, "--port", "0", *args]) == 1, args
+        allowed = capsys.readouterr().err
+        assert "does not exist" in allowed and "refusing" not in allowed, (args, allowed)
 
 
 def test_view_with_a_key_serves_only_requests_that_carry_it(tmp_path, capsys):

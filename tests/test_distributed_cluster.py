@@ -2,7 +2,8 @@
 with a custom resource naming it): ``distributed.placement: spread`` puts rollout actors and learner
 workers on both, and removing the second node mid-rollout leaves a run that finishes, with its rollout
 actor restarted (unfinished samples re-queued) and its learner worker's group rebuilt, every
-(task, sample) of every step trained exactly once."""
+(task, sample) of every step trained exactly once; a learner worker then killed mid-update (step 3)
+is recovered too and the run finishes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from test_distributed import _exit_in_next_update
 from trainer_envs import tasks
 
 from agent_r1.distributed import actor_runtime_env
@@ -106,17 +108,27 @@ def test_removing_the_second_node_mid_rollout_leaves_a_run_that_trains_every_sam
 
         return collect(job, on_result=after_each_sample)
 
+    update, armed = group.update, []
+
+    def update_that_kills_a_worker_in_step_3(*args, **kwargs):
+        if rollouts["n"] == 3 and not armed:  # the group rebuilt in step 2 is on the head node now
+            armed.append(_node_of(group.workers[1]))
+            ray.get(group.workers[1].__ray_call__.remote(_exit_in_next_update))
+        return update(*args, **kwargs)
+
     pool.collect = collect_and_remove_the_second_node_in_step_2
+    group.update = update_that_kills_a_worker_in_step_3
     trainer.fit()
 
     assert seen, "the second node was never removed"
+    assert armed == [head]
     rows = {}
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         rows.setdefault(row["step"], {}).update(row)
     assert sorted(rows) == [1, 2, 3]
     assert [rows[s]["rollout/actor_restarts"] for s in (1, 2, 3)] == [0, 1, 1]
-    assert [rows[s]["learner/restarts"] for s in (1, 2, 3)] == [0, 1, 1]
+    assert [rows[s]["learner/restarts"] for s in (1, 2, 3)] == [0, 1, 2]
     for step in (1, 2, 3):
         assert rows[step]["update/skipped"] == 0 and rows[step]["filter/kept_groups"] == per_step
         records = _dump(tmp_path, step)

@@ -6,7 +6,10 @@
   checkpoint (policy and critic) resumes to the uninterrupted run's next step;
 - a rollout actor killed mid-rollout is restarted and exactly its unfinished samples are re-queued;
 - async mode overlaps rollout and update with the staleness bound and records policy versions;
-- a learner worker death stops the run cleanly and ``agent-r1 train --resume`` continues it exactly.
+- a learner worker that dies mid-update is recovered in-process: the group is rebuilt from the last
+  checkpoint, the optimizer steps since are replayed and the failed update retried, so the run ends
+  as the uninterrupted one; with ``distributed.max_learner_restarts: 0`` the death stops the run
+  cleanly and ``agent-r1 train --resume`` continues it exactly.
 """
 
 from __future__ import annotations
@@ -222,14 +225,17 @@ def test_async_partial_rollouts_on_ray_land_each_update_in_the_rollout_in_flight
             assert rows[step]["timeline/rollout_start"] <= rows[step - 1]["timeline/update_start"]
 
 
-def test_a_dead_learner_worker_stops_the_run_and_cli_resume_continues_it(
+def test_with_no_learner_restarts_a_dead_worker_stops_the_run_and_cli_resume_continues_it(
     cluster, tiny_checkpoint, tmp_path, single_and_ray
 ):
     train_file = tmp_path / "train.jsonl"
     train_file.write_text("".join(json.dumps(t) + "\n" for t in tasks(12)))
     run_dir = tmp_path / "run"
     config = _config(
-        tiny_checkpoint, run_dir, data={"train": str(train_file)}, distributed={"num_rollout_actors": 1}
+        tiny_checkpoint,
+        run_dir,
+        data={"train": str(train_file)},
+        distributed={"num_rollout_actors": 1, "max_learner_restarts": 0},
     )
     calls = {"n": 0}
     trainer = None
@@ -255,6 +261,61 @@ def test_a_dead_learner_worker_stops_the_run_and_cli_resume_continues_it(
         assert resumed[step]["loss/policy"] == pytest.approx(
             uninterrupted[step]["loss/policy"], rel=1e-4, abs=1e-6
         )
+
+
+def _exit_in_next_update(worker) -> None:
+    """Runs inside a learner worker (``__ray_call__``): its next ``update`` kills the process, while
+    the other rank is already in the same update (its collective then fails or waits)."""
+    import os
+
+    def update(*args, **kwargs):
+        os._exit(1)
+
+    worker.learner.update = update
+
+
+def test_a_learner_worker_dying_mid_update_is_recovered_and_the_run_ends_as_uninterrupted(
+    cluster, tiny_checkpoint, tmp_path, single_and_ray
+):
+    """Worker 1 dies inside step 2's second update (no checkpoint yet: the group is rebuilt from
+    model.path and replays step 1's two updates and step 2's first) and again inside step 3's second
+    update (rebuilt from checkpoint 2, replaying step 3's first). Every mini-batch is applied exactly
+    once, so losses and weights are those of the uninterrupted Ray run: a mini-batch skipped or
+    applied twice would move the weights by about lr = 3e-3 (Adam's step size), far above 1e-5."""
+    run_dir = tmp_path / "run"
+    config = _config(
+        tiny_checkpoint,
+        run_dir,
+        trainer={"checkpoint_every": 2},
+        distributed={"max_learner_restarts": 2},
+    )
+    trainer = Trainer(config, train_tasks=tasks(12))
+    group, actors = trainer.learner, list(trainer.rollouts.actors)
+    update, calls = group.update, {"n": 0}
+
+    def update_that_kills_worker_1(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] in (4, 6):  # 2 mini-batches per step: step 2's and step 3's second update
+            ray.get(group.workers[1].__ray_call__.remote(_exit_in_next_update))
+        return update(*args, **kwargs)
+
+    group.update = update_that_kills_worker_1
+    trainer.fit()
+    assert calls["n"] == 6
+    rows, uninterrupted = _rows(run_dir), _rows(single_and_ray[1])
+    assert sorted(rows) == [1, 2, 3]
+    assert [rows[s]["learner/restarts"] for s in (1, 2, 3)] == [0, 1, 2]
+    assert [rows[s]["rollout/actor_restarts"] for s in (1, 2, 3)] == [0, 0, 0]
+    assert trainer.rollouts.actors == [] and actors  # closed at the end; the same actors ran throughout
+    for step in (1, 2, 3):
+        for key in ("loss/policy", "grad_norm", "reward/mean"):
+            assert rows[step][key] == pytest.approx(uninterrupted[step][key], rel=1e-4, abs=1e-6), (step, key)
+    ours = load_file(run_dir / "checkpoints" / "step_000003" / "model" / "model.safetensors")
+    theirs = load_file(
+        Path(single_and_ray[1]) / "checkpoints" / "step_000003" / "model" / "model.safetensors"
+    )
+    worst = max(float((ours[k] - theirs[k]).abs().max()) for k in theirs)
+    assert worst <= 1e-5, worst
 
 
 def test_a_critic_estimator_trains_on_fsdp2_workers_like_the_single_process_trainer_and_resumes(

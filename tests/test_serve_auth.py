@@ -173,3 +173,69 @@ def test_serve_command_refuses_a_public_bind_without_a_key():
         allowed = run_serve(*args, env_key=env_key)
         assert allowed.returncode == 1, (args, allowed.stderr)
         assert "is not a model folder" in allowed.stderr, (args, allowed.stderr)
+
+
+# ---------------------------------------------------------------- agent-r1 view: the same rule
+
+
+def test_view_command_refuses_a_public_bind_without_a_key(tmp_path, monkeypatch, capsys):
+    """``agent-r1 view`` of a run directory that does not exist: the exposure check runs first, so a
+    refused start names the check and an allowed one stops at the missing folder; nothing is bound."""
+    from agent_r1.cli import main
+
+    missing = str(tmp_path / "no-run")
+    monkeypatch.delenv("AGENT_R1_API_KEY", raising=False)
+    assert main(["view", missing, "--port", "0", "--host", "0.0.0.0"]) == 1
+    refused = capsys.readouterr().err
+    assert "refusing to serve on '0.0.0.0' without an API key" in refused
+    assert "read the run's trajectories" in refused
+    for args, env_key in (
+        (("--host", "0.0.0.0", "--allow-unauthenticated"), None),
+        (("--host", "0.0.0.0"), KEY),  # the key from AGENT_R1_API_KEY
+        (("--host", "0.0.0.0", "--api-key", KEY), None),
+        (("--host", "127.0.0.1"), None),
+    ):
+        if env_key is None:
+            monkeypatch.delenv("AGENT_R1_API_KEY", raising=False)
+        else:
+            monkeypatch.setenv("AGENT_R1_API_KEY", env_key)
+        assert main(["view", missing, "--port", "0", *args]) == 1, args
+        allowed = capsys.readouterr().err
+        assert "does not exist" in allowed and "refusing" not in allowed, (args, allowed)
+
+
+def test_view_with_a_key_serves_only_requests_that_carry_it(tmp_path, capsys):
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from agent_r1.report.server import make_server
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    server = make_server(tmp_path, host="127.0.0.1", port=0, api_key=KEY)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+
+    def status(address: str, headers: dict | None = None) -> int:
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(address, headers=headers or {}), timeout=30
+            ) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        assert status(url) == 401
+        assert status(url + "?key=wrong") == 401
+        assert status(url, {"Authorization": f"Bearer {KEY}x"}) == 401
+        assert status(url + f"?key={KEY}") == 200
+        assert status(url, {"Authorization": f"Bearer {KEY}"}) == 200
+        assert status(url + f"elsewhere?key={KEY}") == 404  # the key first, then the path
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(ValueError, match="API key is empty"):
+        make_server(tmp_path, api_key="")
+    log = capsys.readouterr().err
+    assert "GET /?key=*** " in log and KEY not in log  # the access log does not leak the key

@@ -190,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         }
     )
     rl_started = time.perf_counter()
-    Trainer(config, tokenizer=tokenizer, model=model).fit()
+    # OUT is rebuilt from scratch (data, warm start): an earlier quickstart's run there is replaced.
+    Trainer(config, tokenizer=tokenizer, model=model, overwrite=True).fit()
     rl_seconds = time.perf_counter() - rl_started
 
     evals = _eval_success(out / "run" / "metrics.jsonl")

@@ -1,12 +1,17 @@
 """``agent-r1 train CONFIG [key=value ...] [--resume]``: RL-train a policy from a YAML config.
 
-Exit codes: 0 trained; 2 a configuration, data, model or checkpoint error, or a refused resume (no
-checkpoint, or a changed config: see ``agent_r1.train.resume``); 3 stopped by the error budget
+Exit codes: 0 trained; 2 a configuration, data, model or checkpoint error, a checkpoint or run
+directory that cannot be written (a full disk), or a refused resume (no checkpoint, or a changed
+config: see ``agent_r1.train.resume``); 3 stopped by the error budget
 (``trainer.max_error_fraction``: too many trajectories of a step ended in ERROR)."""
 
 from __future__ import annotations
 
 import argparse
+import errno
+
+# A full disk, a quota, a read-only or unwritable run directory: reported in one line, not a traceback.
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 HELP = "RL-train a policy: agent-r1 train CONFIG.yaml [section.key=value ...] [--resume]"
 
@@ -34,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_const",
         const="auto",
         help="like --resume, but start a fresh run when trainer.run_dir holds no checkpoint",
+    )
+    resume.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a trainer.run_dir that holds an earlier run: deletes its checkpoints, "
+        "metrics.jsonl, trajectories/ and tb/ (without a flag such a run directory is refused)",
     )
     parser.add_argument(
         "--allow-config-change",
@@ -73,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
                 return 2
         from agent_r1.train.trainer import Trainer
 
-        trainer = Trainer(config, resume=args.resume, allow_config_change=args.allow_config_change)
+        trainer = Trainer(
+            config,
+            resume=args.resume,
+            allow_config_change=args.allow_config_change,
+            overwrite=args.overwrite or args.smoke,  # a smoke folder is rebuilt each time
+        )
     except (
         ConfigError,
         DataError,
@@ -89,6 +105,17 @@ def run(args: argparse.Namespace) -> int:
     except TrainingHalted as e:
         print(f"agent-r1 train: stopped: {e}")
         return 3
+    except CheckpointError as e:  # a checkpoint that could not be written: full disk, unwritable dir
+        print(f"agent-r1 train: {e}")
+        return 2
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        print(
+            f"agent-r1 train: cannot write the run directory {config.trainer.run_dir} ({e}); the "
+            "checkpoints already written are intact: free space or fix permissions, then --resume"
+        )
+        return 2
     summary = {
         k: metrics[k] for k in ("reward/mean", "success/mean", "eval/reward", "eval/success") if k in metrics
     }

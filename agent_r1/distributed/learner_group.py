@@ -10,8 +10,20 @@ forward/backward on its shard with the mini-batch's *global* aggregation weights
 single-process ones.
 
 Exports and checkpoints are asked of every worker (FSDP2 gathers the shards collectively) and
-produced by rank 0. A worker that dies takes the run down cleanly: the driver kills the others and
-raises ``LearnerFailure`` (continue with ``--resume`` from the last checkpoint).
+produced by rank 0.
+
+Recovery. A worker that dies (``RayActorError``: killed, OOM, its node lost) loses the group's
+collective state, so the driver kills the other workers and rebuilds the group in-process: new workers
+(a new rendezvous), the last checkpoint saved or loaded loaded on every rank (or ``model.path`` when
+there is none yet), then the optimizer steps taken since it *replayed* (``update`` /
+``update_critic`` with the same mini-batches and objectives, which the driver keeps in a journal
+that each checkpoint empties), and finally the call that failed is made again. An update that failed
+took no step (every rank is rebuilt), so each mini-batch, hence every (task, sample) of the rollout,
+is trained exactly once; the group ends up in the state it had before the death, so the rollout
+actors, which keep their engines and the weights of the last sync, need nothing new and the run
+continues where it was. ``distributed.max_learner_restarts`` bounds the rebuilds of a run (``0``: no
+journal is kept and the first death stops the run); past it the run stops with ``LearnerFailure``
+(continue with ``--resume``). ``learner/restarts`` in the metrics counts the rebuilds.
 
 ``LearnerGroup`` is the Ray learner backend (``agent_r1.train.backends.LearnerBackend``): the
 objective of each update (a picklable per-token loss, e.g. ``agent_r1.algos.PolicyObjective`` or a
@@ -20,9 +32,10 @@ user's own) travels to the workers with the mini-batch.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import ray
@@ -30,6 +43,7 @@ import torch
 import torch.distributed as dist
 from ray.exceptions import RayActorError
 
+from agent_r1.distributed.placement import scheduling
 from agent_r1.train.backends import export_weights
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.builders import build_learners, estimator_needs, load_config_tokenizer
@@ -39,11 +53,23 @@ from agent_r1.train.process import apply_process_settings
 
 __all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
 
+logger = logging.getLogger(__name__)
+
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+PEER_DEATH_WAIT_S = 30.0  # how long an error waits for the other ranks' outcome (a peer's death)
 
 
 class LearnerFailure(RuntimeError):
-    """A learner worker died; the run stops (continue it with ``--resume``)."""
+    """Learner workers died more often than ``distributed.max_learner_restarts`` allows; the run
+    stops (continue it with ``--resume``)."""
+
+
+class _WorkerDied(Exception):
+    """A worker of the group died during a call (internal: ``LearnerGroup`` recovers or stops)."""
+
+    def __init__(self, rank: int, error: BaseException) -> None:
+        super().__init__(rank, error)
+        self.rank, self.error = rank, error
 
 
 def shard_micro_batches(micro_batches: Sequence[MicroBatch], shards: int) -> list[list[MicroBatch]]:
@@ -158,7 +184,8 @@ class LearnerWorker:
 
 
 class LearnerGroup:
-    """The driver's handle on the workers: the learner backend's methods, each run data-parallel.
+    """The driver's handle on the workers: the learner backend's methods, each run data-parallel, and
+    the recovery of the group when a worker dies (see the module docstring).
 
     ``owns_ray``: this group's ``close`` also stops the local Ray cluster (started for the run)."""
 
@@ -166,7 +193,9 @@ class LearnerGroup:
         self, config: TrainConfig, runtime_env: dict | None = None, *, owns_ray: bool = False
     ) -> None:
         dist = config.distributed
-        remote = ray.remote(LearnerWorker).options(
+        self.config = config
+        self._remote = ray.remote(LearnerWorker)
+        self._options = dict(
             num_cpus=dist.learner_num_cpus,
             num_gpus=dist.learner_num_gpus,
             max_restarts=0,
@@ -174,32 +203,109 @@ class LearnerGroup:
         )
         self.owns_ray = owns_ray
         self.has_critic = estimator_needs(config).critic is not None
-        size = dist.num_learner_workers
-        self.workers = [remote.remote(config, rank, size) for rank in range(size)]
-        addr, port = self._get([self.workers[0].address.remote()])[0]
-        self._get([w.setup.remote(addr, port) for w in self.workers])
+        self.restarts = 0
+        # What a rebuilt group starts from: the last checkpoint saved or loaded (None: model.path),
+        # and the updates taken since, in order (kept only when a rebuild is allowed).
+        self._checkpoint: str | None = None
+        self._journal: list[tuple[str, MiniBatch, tuple]] = []
+        self.workers: list = []
+        try:
+            self._start()
+        except _WorkerDied as died:
+            raise LearnerFailure(
+                f"learner worker {died.rank} died while the group started: {died.error}"
+            ) from died.error
 
-    def _get(self, refs: list) -> list:
-        """``ray.get`` that turns the death of any worker into a clean stop of the whole group."""
+    def _start(self) -> None:
+        size = self.config.distributed.num_learner_workers
+        self.workers = [
+            self._remote.options(**self._options, **scheduling(self.config, rank)).remote(
+                self.config, rank, size
+            )
+            for rank in range(size)
+        ]
+        addr, port = self._wait([self.workers[0].address.remote()])[0]
+        self._wait([w.setup.remote(addr, port) for w in self.workers])
+
+    def _wait(self, refs: list) -> list:
+        """``ray.get`` that turns the death of any worker into ``_WorkerDied`` after killing the others.
+
+        A rank whose collective fails because a peer died raises its own error, which may arrive
+        before the peer's death is reported: an error is checked against the other calls' outcomes
+        (for up to ``PEER_DEATH_WAIT_S``) before it is taken for the call's own failure."""
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 ray.get(done[0])
             except RayActorError as error:
-                rank = refs.index(done[0])  # calls go to workers in rank order (single calls: rank 0)
-                self._kill_workers()
-                raise LearnerFailure(
-                    f"learner worker {rank} died ({type(error).__name__}); the run stops here. "
-                    "Continue it from the last checkpoint with --resume."
-                ) from error
+                self._died(refs, done[0], error)
+            except Exception:
+                finished, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_WAIT_S)
+                for ref in finished:
+                    try:
+                        ray.get(ref)
+                    except RayActorError as error:
+                        self._died(refs, ref, error)
+                    except Exception:
+                        pass
+                raise
         return ray.get(refs)
 
+    def _died(self, refs: list, ref, error: RayActorError):
+        rank = refs.index(ref)  # calls go to workers in rank order (single calls: rank 0)
+        self._kill_workers()
+        raise _WorkerDied(rank, error) from error
+
+    def _get(self, submit: Callable[[], list]) -> list:
+        """The results of the calls ``submit()`` sends to the workers; when a worker dies, the group is
+        rebuilt (``_recover``) and the calls are sent again."""
+        while True:
+            try:
+                return self._wait(submit())
+            except _WorkerDied as died:
+                self._recover(died)
+
+    def _recover(self, died: _WorkerDied) -> None:
+        """Rebuild the group in the state it had before ``died``, or raise ``LearnerFailure`` once
+        ``distributed.max_learner_restarts`` rebuilds have been spent."""
+        limit = self.config.distributed.max_learner_restarts
+        while True:
+            if self.restarts >= limit:
+                self._kill_workers()
+                raise LearnerFailure(
+                    f"learner worker {died.rank} died ({type(died.error).__name__}) after {self.restarts} "
+                    f"rebuilds of the learner group (distributed.max_learner_restarts = {limit}); the run "
+                    "stops here. Continue it from the last checkpoint with --resume."
+                ) from died.error
+            self.restarts += 1
+            base = self._checkpoint or f"model.path {self.config.model.path}"
+            logger.warning(
+                "learner worker %d died (%s): rebuilding the learner group (%d of at most %d) from %s and "
+                "replaying the %d optimizer steps taken since",
+                died.rank,
+                type(died.error).__name__,
+                self.restarts,
+                limit,
+                base,
+                len(self._journal),
+            )
+            try:
+                self._start()
+                if self._checkpoint is not None:
+                    self._wait([w.load_checkpoint.remote(self._checkpoint) for w in self.workers])
+                for method, mini_batch, args in self._journal:
+                    self._wait(self._update_refs(method, mini_batch, args))
+                return
+            except _WorkerDied as again:
+                died = again
+
     def _sharded(self, method: str, micro_batches: Sequence[MicroBatch], *args) -> list:
-        shards = shard_micro_batches(micro_batches, len(self.workers))
-        return self._get(
-            [getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shards, strict=True)]
-        )
+        def submit() -> list:
+            shards = shard_micro_batches(micro_batches, len(self.workers))
+            return [getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shards, strict=True)]
+
+        return self._get(submit)
 
     def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int, *, reference: bool = False):
         parts = self._sharded("logprobs", micro_batches, num_tokens, reference)
@@ -209,14 +315,17 @@ class LearnerGroup:
         parts = self._sharded("critic_values", micro_batches, num_tokens)
         return torch.stack(parts).sum(0)
 
-    def _update(self, method: str, mini_batch: MiniBatch, *args) -> dict[str, float]:
+    def _update_refs(self, method: str, mini_batch: MiniBatch, args: tuple) -> list:
         shards = shard_micro_batches(mini_batch.micro_batches, len(self.workers))
-        results = self._get(
-            [
-                getattr(w, method).remote(MiniBatch(s, mini_batch.weights, mini_batch.tokens), *args)
-                for w, s in zip(self.workers, shards, strict=True)
-            ]
-        )
+        return [
+            getattr(w, method).remote(MiniBatch(s, mini_batch.weights, mini_batch.tokens), *args)
+            for w, s in zip(self.workers, shards, strict=True)
+        ]
+
+    def _update(self, method: str, mini_batch: MiniBatch, *args) -> dict[str, float]:
+        results = self._get(lambda: self._update_refs(method, mini_batch, args))
+        if self.config.distributed.max_learner_restarts > 0:
+            self._journal.append((method, mini_batch, args))
         return results[0]
 
     def update(
@@ -230,17 +339,29 @@ class LearnerGroup:
 
     def weights(self):
         """An object ref of rank 0's weights (handed to the rollout actors without a driver copy)."""
-        refs = [w.export_weights.remote() for w in self.workers]
-        self._get(refs)
+        refs: list = []
+
+        def submit() -> list:
+            refs[:] = [w.export_weights.remote() for w in self.workers]
+            return refs
+
+        self._get(submit)
         return refs[0]
 
     def save_checkpoint(self, directory, step: int, trainer_state: dict) -> str:
-        return self._get(
-            [w.save_checkpoint.remote(str(directory), step, trainer_state) for w in self.workers]
+        path = self._get(
+            lambda: [w.save_checkpoint.remote(str(directory), step, trainer_state) for w in self.workers]
         )[0]
+        self._checkpoint, self._journal = path, []
+        return path
 
     def load_checkpoint(self, path) -> dict:
-        return self._get([w.load_checkpoint.remote(str(path)) for w in self.workers])[0]
+        state = self._get(lambda: [w.load_checkpoint.remote(str(path)) for w in self.workers])[0]
+        self._checkpoint, self._journal = str(path), []
+        return state
+
+    def metrics(self) -> dict[str, float]:
+        return {"learner/restarts": float(self.restarts)}
 
     def _kill_workers(self) -> None:
         for worker in self.workers:

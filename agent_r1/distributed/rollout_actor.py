@@ -27,6 +27,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from agent_r1.distributed.placement import scheduling
 from agent_r1.rollout.versioned import VersionedEngine
 from agent_r1.train.config import TrainConfig
 from agent_r1.types import Task, Trajectory, TrajectoryGroup
@@ -155,21 +156,27 @@ class RolloutPool:
     def __init__(self, config: TrainConfig, runtime_env: dict | None = None) -> None:
         dist = config.distributed
         self.config = config
-        self._remote = ray.remote(RolloutActor).options(
+        self._remote = ray.remote(RolloutActor)
+        self._options = dict(
             num_cpus=dist.rollout_num_cpus,
             num_gpus=dist.rollout_num_gpus,
             max_restarts=0,
             max_concurrency=1000,
             runtime_env=runtime_env,
         )
-        self.actors = [self._remote.remote(config, slot) for slot in range(dist.num_rollout_actors)]
+        self.actors = [self._start(slot) for slot in range(dist.num_rollout_actors)]
         self.generations = [0] * dist.num_rollout_actors
         self.restarts = 0
         self._weights: tuple[Any, int] | None = None  # (object ref of the named tensors, version)
         ray.get([a.ready.remote() for a in self.actors])
 
+    def _start(self, slot: int):
+        return self._remote.options(**self._options, **scheduling(self.config, slot)).remote(
+            self.config, slot
+        )
+
     def _restart(self, slot: int) -> None:
-        self.actors[slot] = self._remote.remote(self.config, slot)
+        self.actors[slot] = self._start(slot)
         self.generations[slot] += 1
         self.restarts += 1
         ray.get(self.actors[slot].ready.remote())

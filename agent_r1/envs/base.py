@@ -55,9 +55,14 @@ class AgentEnv(ABC):
     ``self.policy`` is None outside a flow.
 
     Run ``agent_r1.envs.check_env(env, task)`` to check that an environment honours this contract.
+
+    ``required_fields`` declares the row fields the env (and its reward) reads: training refuses a row
+    without one when the data is loaded, naming the row and the field, instead of scoring it 0. A
+    factory function declares them as its own ``required_fields`` attribute.
     """
 
     policy: LentPolicy | None = None
+    required_fields: tuple[str, ...] = ()
 
     def lend_policy(self, policy: LentPolicy) -> None:
         """Give the environment the acting policy for calls beyond the action (see ``LentPolicy``)."""

@@ -401,16 +401,19 @@ def is_loopback(host: str) -> bool:
     return (mapped or address).is_loopback
 
 
-def check_exposure(host: str, *, api_key: str | None, allow_unauthenticated: bool = False) -> None:
-    """Raise ``ValueError`` when serving on ``host`` would let anyone who can reach it use the model:
-    a non-loopback address without ``api_key``, unless ``allow_unauthenticated`` says it is meant."""
+def check_exposure(
+    host: str, *, api_key: str | None, allow_unauthenticated: bool = False, exposes: str = "use the model"
+) -> None:
+    """Raise ``ValueError`` when serving on ``host`` would let anyone who can reach it use the model
+    (or whatever ``exposes`` says): a non-loopback address without ``api_key``, unless
+    ``allow_unauthenticated`` says it is meant. ``agent-r1 serve`` and ``agent-r1 view`` apply it."""
     if api_key is not None and not api_key:
         raise ValueError("the API key is empty; give a non-empty key, or none")
     if api_key or allow_unauthenticated or is_loopback(host):
         return
     raise ValueError(
         f"refusing to serve on {host!r} without an API key: anyone who can reach that address could "
-        "use the model. Set --api-key KEY (or the AGENT_R1_API_KEY environment variable), bind "
+        f"{exposes}. Set --api-key KEY (or the AGENT_R1_API_KEY environment variable), bind "
         "127.0.0.1, or pass --allow-unauthenticated if the network is trusted."
     )
 

@@ -32,6 +32,8 @@ class TaskSpec:
     - ``max_turns``: responses per episode that comfortably fit a correct solution.
     - ``make_env(tokenizer, **env_kwargs)``: optional; builds the env itself when the task's tools keep
       per-episode state bound to the task (otherwise ``ToolEnv`` is built from the fields above).
+    - ``required_fields``: the row fields the env and the reward read; training refuses a row without
+      one when the data is loaded (``agent_r1.train.data.config_tasks``), naming the row and the field.
     """
 
     name: str
@@ -43,6 +45,7 @@ class TaskSpec:
     demonstrate: Callable[[Task, random.Random], list[str]] | None = None
     max_turns: int = 4
     make_env: Callable[..., Any] | None = None  # (tokenizer, **env_kwargs) -> env, for stateful tools
+    required_fields: tuple[str, ...] = ("prompt",)
 
 
 TASKS: dict[str, str] = {

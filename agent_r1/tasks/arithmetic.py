@@ -233,8 +233,13 @@ def tools(memory: CalculatorMemory | None = None) -> list[Tool]:
     return [tool(calculator_tool, name=TOOL_NAME, timeout=5.0)]
 
 
+REQUIRED_FIELDS = ("prompt", "a", "b", "c", "answer")
+
+
 class ArithmeticEnv(ToolEnv):
     """``ToolEnv`` whose calculator memory is bound to each task and whose ``ans`` answer resolves."""
+
+    required_fields = REQUIRED_FIELDS
 
     def __init__(self, tokenizer, *, max_turns: int = 4, context: str = "append", **kwargs: Any) -> None:
         self.memory = CalculatorMemory()
@@ -269,6 +274,9 @@ def make_env(tokenizer, *, max_turns: int = 4, context: str = "append", **kwargs
     return ArithmeticEnv(tokenizer, max_turns=max_turns, context=context, **kwargs)
 
 
+make_env.required_fields = REQUIRED_FIELDS  # type: ignore[attr-defined]  # checked at data load
+
+
 def build_task():
     """The ``arithmetic`` entry of ``agent_r1.tasks.TASKS``."""
     from agent_r1.tasks import TaskSpec
@@ -283,4 +291,5 @@ def build_task():
         demonstrate=demonstrate,
         max_turns=4,
         make_env=make_env,
+        required_fields=REQUIRED_FIELDS,
     )

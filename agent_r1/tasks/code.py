@@ -184,4 +184,5 @@ def build_task(
         extract_answer=extract_code,
         reward=functools.partial(passed_tests_reward, sandbox=sandbox, all_or_nothing=reward == "all"),
         max_turns=max_turns,
+        required_fields=("prompt", "tests"),
     )

@@ -124,6 +124,8 @@ class GridWalkEnv(AgentEnv):
     ``info`` holds ``state`` (the offset the step started from) and ``move``.
     """
 
+    required_fields = ("dx", "dy", "budget")
+
     async def reset(self, task: Mapping[str, Any]) -> Observation:
         self.dx, self.dy, self.budget = task_offset(task)
         self.moves = 0

@@ -99,6 +99,8 @@ class GridMemoryEnv(AgentEnv):
     ``context`` (the policy's report); the last step holds ``success``.
     """
 
+    required_fields = ("dx", "dy", "budget")
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,

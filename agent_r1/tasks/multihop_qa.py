@@ -242,4 +242,5 @@ def build_task(
         extract_answer=extract_answer,
         reward=REWARDS[reward],
         max_turns=max_turns,
+        required_fields=("prompt", "answer"),
     )

@@ -62,6 +62,13 @@ def task_env(tokenizer, task: str, *, task_kwargs: Mapping[str, Any] | None = No
     )
 
 
+def _task_env_fields(task: str, *, task_kwargs: Mapping[str, Any] | None = None, **_: Any) -> tuple[str, ...]:
+    return build(task, task_kwargs).required_fields
+
+
+task_env.required_fields = _task_env_fields  # type: ignore[attr-defined]  # depends on env.kwargs.task
+
+
 def write_dataset(spec: TaskSpec, path: str | Path, n: int | None, *, split: str, seed: int = 0) -> int:
     """Write ``n`` rows of ``split`` as JSONL (the format ``data.train`` / ``data.val`` read)."""
     rows = spec.make_dataset(n, split=split, seed=seed)

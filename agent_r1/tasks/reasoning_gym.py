@@ -157,6 +157,7 @@ def build_task(
         extract_answer=extract_answer,
         reward=exact_answer,
         max_turns=max_turns,
+        required_fields=("prompt", "answer"),
     )
 
 

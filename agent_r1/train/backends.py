@@ -116,6 +116,9 @@ class LearnerBackend(Protocol):
     def load_checkpoint(self, path: Path) -> dict:
         """Restore the learner state of checkpoint ``path``; returns the trainer state it holds."""
 
+    def metrics(self) -> dict[str, float]:
+        """Backend-specific counters for the step's metrics (e.g. learner group rebuilds)."""
+
     def close(self) -> None: ...
 
 
@@ -311,6 +314,9 @@ class LocalLearner:
             self.critic.model.load_state_dict(weights)
             self.critic.load_state_dict(critic_state)
         return trainer_state
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     def close(self) -> None:
         pass

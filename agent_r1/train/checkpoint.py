@@ -17,7 +17,9 @@ file truncated or changed later (a full disk, a bad copy, bit rot) is detected: 
 refuses such a checkpoint, and ``latest_checkpoint`` skips it (with a warning naming the file and what
 is wrong) for the newest one that verifies, setting the bad one aside as ``corrupt-step_000010``.
 A checkpoint written before manifests existed is accepted with a warning that it cannot be verified.
-Only the last ``keep`` checkpoints are kept.
+Only the last ``keep`` checkpoints are kept. A write that fails (a full disk, an unwritable run
+directory) removes its temporary folder and raises one ``CheckpointWriteError`` saying where and why;
+the checkpoints already there are untouched, so ``--resume`` continues from the previous one.
 
 ``AGENT_R1_CHECKPOINT_WRITE_DELAY="STEP:SECONDS"`` (for tests only) sleeps halfway through the write of
 checkpoint STEP so that a test can kill the process while that checkpoint is being written.
@@ -42,6 +44,7 @@ from agent_r1.models.loading import save_model
 
 __all__ = [
     "CheckpointError",
+    "CheckpointWriteError",
     "checkpoint_problem",
     "latest_checkpoint",
     "load_checkpoint",
@@ -63,6 +66,11 @@ WRITE_DELAY_ENV = "AGENT_R1_CHECKPOINT_WRITE_DELAY"
 
 class CheckpointError(ValueError):
     """A checkpoint that fails verification, naming the folder, the file and what is wrong."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint that could not be written (a full disk, an unwritable run directory): the partial
+    write is removed, the previous checkpoints are left as they were."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -105,25 +113,47 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` atomically under ``directory``; prune to the last ``keep``."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{PREFIX}{step:06d}"
     tmp = directory / f"{TMP_PREFIX}{final.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, tokenizer, tmp / "model")
-    delay_step, _, delay_s = os.environ.get(WRITE_DELAY_ENV, "").partition(":")
-    if delay_step and int(delay_step) == step:
-        time.sleep(float(delay_s))
-    torch.save(learner_state, tmp / "learner.pt")
-    torch.save({**trainer_state, "step": step}, tmp / "trainer_state.pt")
-    (tmp / "info.json").write_text(json.dumps({"step": step, "lora": _is_peft(model)}))
-    _write_manifest(tmp)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_model(model, tokenizer, tmp / "model")
+        delay_step, _, delay_s = os.environ.get(WRITE_DELAY_ENV, "").partition(":")
+        if delay_step and int(delay_step) == step:
+            time.sleep(float(delay_s))
+        torch.save(learner_state, tmp / "learner.pt")
+        torch.save({**trainer_state, "step": step}, tmp / "trainer_state.pt")
+        (tmp / "info.json").write_text(json.dumps({"step": step, "lora": _is_peft(model)}))
+        _write_manifest(tmp)
+    except Exception as error:  # OSError, or torch's / safetensors' own wrappers of one
+        shutil.rmtree(tmp, ignore_errors=True)  # frees what the partial write took
+        raise _write_error(directory, step, error) from error
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     for old in sorted(p for p in directory.glob(f"{PREFIX}*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _write_error(directory: Path, step: int, error: BaseException) -> CheckpointWriteError:
+    """One message for a checkpoint that could not be written: where, why, and what is still there."""
+    cause = str(error) or type(error).__name__
+    try:
+        free = (
+            f"; {shutil.disk_usage(directory if directory.exists() else directory.parent).free:,} bytes free"
+        )
+    except OSError:
+        free = ""
+    kept = sorted(p.name for p in directory.glob(f"{PREFIX}*") if p.is_dir()) if directory.is_dir() else []
+    previous = f"the previous checkpoint {kept[-1]} is intact" if kept else "no earlier checkpoint exists"
+    return CheckpointWriteError(
+        f"cannot write checkpoint {PREFIX}{step:06d} under {directory} ({type(error).__name__}: {cause}"
+        f"{free}); the partial write was removed and {previous}. Free space or fix the directory's "
+        "permissions, then continue with --resume."
+    )
 
 
 def _sha256(path: Path) -> str:

@@ -377,6 +377,21 @@ class DistributedConfig:
         "Rollout actor deaths tolerated per step (each restarts the actor and re-queues its work).",
         _non_negative,
     )
+    max_learner_restarts: int = _opt(
+        3,
+        "Learner group rebuilds tolerated per run: a dead learner worker makes the driver start a new "
+        "group from the last checkpoint and replay the optimizer steps taken since (their mini-batches "
+        "are kept in the driver until the next checkpoint), so the run continues in-process with every "
+        "sample trained exactly once; past the bound the run stops with LearnerFailure (then --resume). "
+        "0 keeps no mini-batches and stops at the first death.",
+        _non_negative,
+    )
+    placement: Literal["default", "spread"] = _opt(
+        "default",
+        "How Ray places the rollout actors and learner workers: 'default' (Ray's: the driver's node "
+        "first, while it has room) or 'spread' (actor k of each kind prefers the k-th alive node, the "
+        "driver's first; a node that is gone or full is passed over).",
+    )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DataError", "TaskSampler", "check_fields", "config_tasks", "load_tasks"]
+__all__ = ["DataError", "TaskSampler", "check_fields", "config_tasks", "env_required_fields", "load_tasks"]
 
 
 class DataError(ValueError):
@@ -48,16 +48,37 @@ def load_tasks(
     return tasks
 
 
-def check_fields(tasks: Sequence[Mapping[str, Any]], required: Sequence[str], source: str) -> None:
-    """Raise ``DataError`` naming the first row that lacks a required field."""
+def check_fields(
+    tasks: Sequence[Mapping[str, Any]], required: Sequence[str], source: str, *, needed_by: str = ""
+) -> None:
+    """Raise ``DataError`` naming the first row that lacks a required field (``needed_by``: who
+    declares the fields, for the message)."""
     for i, task in enumerate(tasks):
         for key in required:
             if key not in task or task[key] is None:
                 ident = f" (id {task['id']!r})" if "id" in task else ""
                 raise DataError(
-                    f"{source}: row {i}{ident} has no field {key!r}, which the environment needs; "
-                    f"the row has fields {sorted(task)}"
+                    f"{source}: row {i}{ident} has no field {key!r}, which the environment needs"
+                    f"{needed_by}; the row has fields {sorted(task)}"
                 )
+
+
+def env_required_fields(config) -> tuple[str, ...]:
+    """The row fields that ``env.name``'s factory declares it reads (its ``required_fields``: a tuple,
+    or a function of ``env.kwargs`` when they depend on them, as for ``agent_r1.tasks.prepare:task_env``).
+    An env that cannot be resolved declares nothing here: building it reports the error."""
+    name = config.env.name
+    if not name:
+        return ()
+    from agent_r1.envs.registry import get_env_factory
+
+    try:
+        declared = getattr(get_env_factory(name), "required_fields", ())
+        if callable(declared):
+            declared = declared(**{k: v for k, v in config.env.kwargs.items() if k != "tokenizer"})
+    except (ValueError, TypeError):
+        return ()
+    return tuple(declared)
 
 
 def _read_path(path: str, split: str) -> list[Any]:
@@ -163,7 +184,8 @@ class TaskSampler:
 def config_tasks(config, given: Any, key: str) -> list[dict]:
     """The tasks of ``key`` (``data.train`` or ``data.val``) of a ``TrainConfig``: ``given`` (a list of
     task dicts, or any ``load_tasks`` source) or else the configured source, with
-    ``data.required_fields`` checked; the validation tasks cut to ``data.max_val_tasks``. A data
+    ``data.required_fields`` and the fields the env declares (``env_required_fields``) checked; the
+    validation tasks cut to ``data.max_val_tasks``. A data
     error names the key."""
     from agent_r1.train.config import ConfigError
 
@@ -181,6 +203,9 @@ def config_tasks(config, given: Any, key: str) -> list[dict]:
             tasks = load_tasks(source, split=split, required_fields=data.required_fields)
         except DataError as error:
             raise DataError(f"{key}: {error}") from None
+    declared = [f for f in env_required_fields(config) if f not in data.required_fields]
+    where = key if given is not None or not source else f"{key}: {source}"
+    check_fields(tasks, declared, where, needed_by=f" (env {config.env.name!r} declares it)")
     if key == "data.val" and data.max_val_tasks:
         tasks = tasks[: data.max_val_tasks]
     return tasks

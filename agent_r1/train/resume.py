@@ -14,6 +14,11 @@
   change the trained result and may differ freely; ``trainer.steps`` may too while the learning-rate
   schedule is constant (a cosine schedule decays over ``trainer.steps``).
 - The checkpoint is the newest one that verifies against its manifest (``latest_checkpoint``).
+- ``resume=False`` (no flag) into a run directory that already holds checkpoints is a ``ResumeError``:
+  a fresh run there would train beside them and replace them one by one. ``overwrite=True``
+  (``--overwrite``) starts over instead, deleting the old run's checkpoints (``step_*``), metrics,
+  trajectory dumps and TensorBoard events first (``corrupt-*`` checkpoints and ``config.prev-*.yaml``
+  stay) and logging what it deleted.
 """
 
 from __future__ import annotations
@@ -88,14 +93,46 @@ def _keep_previous(config_file: Path) -> Path:
     return kept
 
 
+def _fresh_start(run_dir: Path, overwrite: bool) -> None:
+    """Refuse a fresh start beside an earlier run's checkpoints, or delete that run (``overwrite``)."""
+    checkpoints = run_dir / "checkpoints"
+    held = sorted(p for p in checkpoints.glob("step_*") if p.is_dir()) if checkpoints.is_dir() else []
+    if not held:
+        return
+    names = ", ".join(p.name for p in held)
+    if not overwrite:
+        raise ResumeError(
+            f"trainer.run_dir {run_dir} already holds checkpoints ({names}): a new run there would train "
+            "beside them and replace them. Continue that run with --resume (or --resume-or-start; Python: "
+            "Trainer(config, resume=True)), start over with --overwrite (overwrite=True: deletes its "
+            "checkpoints, metrics.jsonl, trajectories/ and tb/), or set another trainer.run_dir."
+        )
+    removed = [f"checkpoints/{{{names}}}"]
+    for path in held + sorted(checkpoints.glob(".tmp-*")):
+        shutil.rmtree(path)
+    for name in ("metrics.jsonl", "trajectories", "tb"):
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    logger.warning("--overwrite: deleted the earlier run in %s: %s", run_dir, ", ".join(removed))
+
+
 def resume_checkpoint(
-    config: TrainConfig, resume: ResumeMode, *, allow_config_change: bool = False
+    config: TrainConfig, resume: ResumeMode, *, allow_config_change: bool = False, overwrite: bool = False
 ) -> Path | None:
     """The checkpoint to continue from, or None to start fresh (``resume`` False, or "auto" with no
-    checkpoint); raises ``ResumeError`` as the module docstring says."""
+    checkpoint); raises ``ResumeError`` as the module docstring says (``overwrite``: see there)."""
     if resume not in (False, True, "auto"):
         raise ValueError(f"resume must be False, True or 'auto', got {resume!r}")
+    if overwrite and resume is not False:
+        raise ValueError("overwrite=True starts over: it cannot be combined with resume")
     if resume is False:
+        _fresh_start(Path(config.trainer.run_dir), overwrite)
         return None
     run_dir = Path(config.trainer.run_dir)
     checkpoint = latest_checkpoint(run_dir / "checkpoints")

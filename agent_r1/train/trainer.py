@@ -165,12 +165,15 @@ class Trainer:
         resume: ResumeMode = False,
         allow_config_change: bool = False,
         runtime_env: dict | None = None,
+        overwrite: bool = False,
     ) -> None:
         # Checked before anything starts: Ray refuses objects built here, and reads absolute paths.
         config = backend_config(config, BackendParts(model, engine, flow, eval_flow, env_factory))
         self.config = config
         # Checked first: a refused resume should not wait for a model to load.
-        self.resume_from = resume_checkpoint(config, resume, allow_config_change=allow_config_change)
+        self.resume_from = resume_checkpoint(
+            config, resume, allow_config_change=allow_config_change, overwrite=overwrite
+        )
         if env_factory is None and flow is None and config.distributed.backend == "none":
             check_env(config)  # a bad agent or env kwarg is refused before the model loads
         trainer = config.trainer
@@ -281,6 +284,7 @@ class Trainer:
                 metrics["update/skipped"] = 1.0
             metrics.update(self._timeline(learn_start, time.time()))
             metrics.update(self.rollouts.metrics())
+            metrics.update(self.learner.metrics())
         if self.config.logging.dump_trajectories and self.run_dir is not None:
             self.run_dir.dump_trajectories(step, self.annotate(groups, batch))
         metrics.update(timer.seconds)

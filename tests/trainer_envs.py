@@ -11,6 +11,7 @@ whatever a random model writes (for context policies such as ``summarize``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from dataclasses import dataclass
@@ -123,3 +124,17 @@ class KillOnceEnv(LowByteEnv):
             marker.touch()
             os.kill(os.getpid(), signal.SIGKILL)
         return await super().reset(task)
+
+
+class JitteryLowByteEnv(LowByteEnv):
+    """``LowByteEnv`` whose resets and steps return after a random pause (0-20 ms, drawn from the OS,
+    not from any seeded generator): which turns the engine finds live together then changes from run
+    to run, as it does under load. For the determinism tests: a run's result must not depend on it."""
+
+    async def reset(self, task: Task) -> Observation:
+        await asyncio.sleep(int.from_bytes(os.urandom(1), "little") / 255 * 0.02)
+        return await super().reset(task)
+
+    async def step(self, action: Action) -> StepResult:
+        await asyncio.sleep(int.from_bytes(os.urandom(1), "little") / 255 * 0.02)
+        return await super().step(action)

@@ -1,0 +1,139 @@
+"""Issue 43: ``trainer.deterministic`` (bitwise reruns and resumes) and preemption (SIGTERM / SIGINT
+checkpoint and exit 4, then ``--resume``).
+
+Every run is a real ``agent-r1 train`` process over the tiny model, on ``JitteryLowByteEnv``: its
+resets and steps pause for a random few milliseconds (drawn from the OS), so which turns the HF engine
+finds live together changes from run to run. Runs are compared to the bit: every metric but
+``time/*``, ``timeline/*`` and ``throughput/*``, every trajectory dump, and the final weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+TESTS = Path(__file__).parent
+VOLATILE = ("time", "timeline/", "throughput/")  # wall-clock keys: time, time/*, ...
+STEPS = 4
+
+
+def _config(tmp_path: Path, checkpoint: Path, **trainer) -> Path:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"task {i}"}) + "\n" for i in range(6)))
+    config = {
+        "model": {"path": str(checkpoint)},
+        "data": {"train": str(tasks), "required_fields": ["prompt"]},
+        "env": {"name": "trainer_envs:JitteryLowByteEnv"},
+        "rollout": {"n": 3, "max_tokens": 6, "max_steps": 2, "max_batch_size": 8},
+        "trainer": {
+            "steps": STEPS,
+            "tasks_per_step": 2,
+            "lr": 3e-3,
+            "checkpoint_every": 1,
+            "keep_checkpoints": 2,
+            "mini_batches": 2,
+            "torch_threads": 1,
+            **trainer,
+        },
+        "logging": {"progress": False, "tensorboard": False, "report": False},
+    }
+    path = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _start(config: Path, run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    environment = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    environment.update(
+        PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {})
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent_r1.cli", "train", str(config), f"trainer.run_dir={run_dir}", *extra],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finish(process: subprocess.Popen, code: int = 0) -> str:
+    out, _ = process.communicate(timeout=600)
+    assert process.returncode == code, out
+    return out
+
+
+def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended before {path.name}:\n{process.stdout.read()}")
+        assert time.time() < deadline, f"timed out waiting for {path}"
+        time.sleep(0.02)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def _without_timings(trajectory: dict) -> dict:
+    """A dumped trajectory without its steps' ``timings`` (wall-clock seconds)."""
+    steps = [{k: v for k, v in s.items() if k != "timings"} for s in trajectory["steps"]]
+    return {**trajectory, "steps": steps}
+
+
+def _dumps(run_dir: Path) -> dict[str, list[dict]]:
+    return {
+        f.name: [_without_timings(json.loads(line)) for line in f.read_text().splitlines()]
+        for f in sorted((run_dir / "trajectories").glob("step_*.jsonl"))
+    }
+
+
+def _weights(run_dir: Path) -> dict:
+    return load_file(run_dir / "checkpoints" / f"step_{STEPS:06d}" / "model" / "model.safetensors")
+
+
+def _differences(a: Path, b: Path) -> list[str]:
+    """What differs between runs ``a`` and ``b``, to the bit (empty: the same run)."""
+    found = []
+    rows_a, rows_b = _rows(a), _rows(b)
+    if [r["step"] for r in rows_a] != [r["step"] for r in rows_b]:
+        return [f"steps {[r['step'] for r in rows_a]} vs {[r['step'] for r in rows_b]}"]
+    for ra, rb in zip(rows_a, rows_b, strict=True):
+        for key in sorted(ra.keys() | rb.keys()):
+            if ra.get(key) != rb.get(key):
+                found.append(f"step {ra['step']} {key}: {ra.get(key)!r} vs {rb.get(key)!r}")
+    dumps_a, dumps_b = _dumps(a), _dumps(b)
+    if dumps_a.keys() != dumps_b.keys():
+        found.append(f"dumps {sorted(dumps_a)} vs {sorted(dumps_b)}")
+    found += [f"trajectories/{name} differ" for name in dumps_a if dumps_a[name] != dumps_b.get(name)]
+    wa, wb = _weights(a), _weights(b)
+    found += [f"weight {name} differs" for name in wa if not wa[name].equal(wb[name])]
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_checkpoint):
+    """An uninterrupted deterministic run, and its config."""
+    tmp = tmp_path_factory.mktemp("deterministic")
+    config = _config(tmp, tiny_checkpoint, deterministic=True)
+    run = tmp / "reference"
+    _finish(_start(config, run))
+    return config, run
+
+
+@pytest.mark.slow
+def test_a_deterministic_rerun_in_another_process_is_bitwise_equal(reference, tmp_path):
+    config, run = reference
+    rerun = tmp_path / "rerun"
+    _finish(_start(config, rerun))
+    assert _differences(run, rerun) == []

@@ -137,3 +137,75 @@ def test_a_deterministic_rerun_in_another_process_is_bitwise_equal(reference, tm
     rerun = tmp_path / "rerun"
     _finish(_start(config, rerun))
     assert _differences(run, rerun) == []
+
+
+# A kill point: (environment for the run, the file that appears once the run is there).
+RESETS_PER_STEP = 2 * 3  # tasks_per_step x rollout.n
+
+
+def _kill_point(where: str, tmp_path: Path, pause_s: float = 120) -> tuple[dict, Path]:
+    """Step 3's rollout, update or checkpoint pauses for ``pause_s`` there."""
+    marker = tmp_path / f"at-{where}"
+    if where == "rollout":  # the 3rd of step 3's resets pauses
+        return {"JITTER_PAUSE": f"{2 * RESETS_PER_STEP + 3}:{pause_s}:{marker}"}, marker
+    if where == "update":  # after step 3's first of two optimizer steps
+        return {"AGENT_R1_UPDATE_DELAY": f"3:{pause_s}:{marker}"}, marker
+    assert where == "checkpoint"  # halfway through writing checkpoint 3
+    return {"AGENT_R1_CHECKPOINT_WRITE_DELAY": "3:120"}, tmp_path / "run" / "checkpoints" / ".tmp-step_000003" / "model"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["rollout", "update", "checkpoint"])
+def test_sigkill_anywhere_then_resume_is_bitwise_equal_to_the_uninterrupted_run(reference, tmp_path, where):
+    config, run = reference
+    env, marker = _kill_point(where, tmp_path)
+    killed = tmp_path / "run"
+    process = _start(config, killed, env=env)
+    _wait_for(marker, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "checkpoints" / "step_000003").exists()
+    _finish(_start(config, killed, "--resume"))
+    assert _differences(run, killed) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("where", "signum", "saved"), [("rollout", signal.SIGTERM, 2), ("update", signal.SIGINT, 3)]
+)
+def test_a_preemption_signal_checkpoints_exits_4_and_resume_is_bitwise_equal(
+    reference, tmp_path, tiny_checkpoint, where, signum, saved
+):
+    """SIGTERM mid-rollout stops sampling and checkpoints the step before; SIGINT mid-update finishes
+    the step (its update pauses 3 s, within the 30 s grace) and checkpoints it. The run checkpoints
+    only at its end otherwise (checkpoint_every: 0), so the checkpoint found is the preemption's own."""
+    _, run = reference
+    config = _config(tmp_path, tiny_checkpoint, deterministic=True, checkpoint_every=0)
+    env, marker = _kill_point(where, tmp_path, pause_s=120 if where == "rollout" else 3)
+    preempted = tmp_path / "run"
+    process = _start(config, preempted, env=env)
+    _wait_for(marker, process)
+    process.send_signal(signum)
+    out = _finish(process, code=4)
+    assert f"preempted by {signal.Signals(signum).name}" in out
+    assert sorted(p.name for p in (preempted / "checkpoints").iterdir()) == [f"step_{saved:06d}"]
+    _finish(_start(config, preempted, "--resume"))
+    assert _differences(run, preempted) == []
+
+
+@pytest.mark.slow
+def test_a_grace_too_short_for_the_update_exits_5_and_keeps_the_previous_checkpoint(
+    reference, tmp_path, tiny_checkpoint
+):
+    _, run = reference
+    config = _config(tmp_path, tiny_checkpoint, deterministic=True, preemption_grace_s=1.0)
+    env, marker = _kill_point("update", tmp_path)
+    preempted = tmp_path / "run"
+    process = _start(config, preempted, env=env)
+    _wait_for(marker, process)
+    process.send_signal(signal.SIGTERM)
+    out = _finish(process, code=5)
+    assert "not written within trainer.preemption_grace_s=1.0 s" in out
+    assert sorted(p.name for p in (preempted / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    _finish(_start(config, preempted, "--resume"))
+    assert _differences(run, preempted) == []

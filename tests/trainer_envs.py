@@ -131,10 +131,24 @@ class JitteryLowByteEnv(LowByteEnv):
     not from any seeded generator): which turns the engine finds live together then changes from run
     to run, as it does under load. For the determinism tests: a run's result must not depend on it."""
 
-    async def reset(self, task: Task) -> Observation:
+    async def _jittered_reset(self, task: Task) -> Observation:
         await asyncio.sleep(int.from_bytes(os.urandom(1), "little") / 255 * 0.02)
         return await super().reset(task)
 
     async def step(self, action: Action) -> StepResult:
         await asyncio.sleep(int.from_bytes(os.urandom(1), "little") / 255 * 0.02)
         return await super().step(action)
+
+    _resets = 0  # in this process
+
+    async def reset(self, task: Task) -> Observation:
+        """``JITTER_PAUSE="RESET:SECONDS:MARKER"``: at this process's RESET-th reset, if MARKER does not
+        exist yet, create it and pause (a rollout in progress, for a test to signal or kill)."""
+        JitteryLowByteEnv._resets += 1
+        pause = os.environ.get("JITTER_PAUSE")
+        if pause:
+            count, seconds, marker = pause.split(":", 2)
+            if JitteryLowByteEnv._resets == int(count) and not Path(marker).exists():
+                Path(marker).touch()
+                await asyncio.sleep(float(seconds))
+        return await self._jittered_reset(task)

@@ -58,8 +58,11 @@ class Preempted(Exception):
         super().__init__(f"preempted by {name}: {saved}")
 
 
-class StopSampling(Exception):
-    """Raised by the signal handler where the trainer waits for a sync rollout: stop sampling."""
+class StopSampling(BaseException):
+    """Raised by the signal handler where the trainer waits for a sync rollout: stop sampling. A
+    ``BaseException`` (like ``KeyboardInterrupt``), so that a flow or env that catches ``Exception``
+    (``rollout_group`` turns those into ERROR trajectories) does not swallow it when the signal lands
+    inside its code."""
 
 
 class PreemptionGuard:

@@ -209,3 +209,30 @@ def test_a_grace_too_short_for_the_update_exits_5_and_keeps_the_previous_checkpo
     assert sorted(p.name for p in (preempted / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     _finish(_start(config, preempted, "--resume"))
     assert _differences(run, preempted) == []
+
+
+def test_a_signal_landing_inside_an_envs_code_stops_the_rollout_not_one_trajectory(tmp_path, tiny_checkpoint):
+    """In one process (the handler raises ``StopSampling`` wherever the main thread is): a signal that
+    lands inside an env's ``step`` stops the rollout and checkpoints step 1, instead of becoming one
+    ERROR trajectory (as an ``Exception`` would, caught by ``rollout_group``) while sampling goes on."""
+    from agent_r1.train.config import load_config
+    from agent_r1.train.preemption import Preempted
+    from agent_r1.train.trainer import Trainer
+    from trainer_envs import SignalAtStepEnv, tasks
+
+    config = load_config(
+        _config(tmp_path, tiny_checkpoint, checkpoint_every=0), [f"trainer.run_dir={tmp_path / 'run'}"]
+    )
+    trainer = None
+
+    def env():
+        # step 2's 3rd env step: each step of this config takes 2 tasks x 3 samples x 2 turns
+        return SignalAtStepEnv(trainer.tokenizer, signal.SIGTERM, at=2 * 3 * 2 + 3)
+
+    SignalAtStepEnv.steps = 0
+    trainer = Trainer(config, env_factory=env, train_tasks=tasks(6))
+    with pytest.raises(Preempted, match="preempted by SIGTERM: checkpoint .*step_000001 holds step 1"):
+        trainer.fit()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
+    assert [r["step"] for r in _rows(tmp_path / "run")] == [1]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is uninstalled

@@ -152,3 +152,22 @@ class JitteryLowByteEnv(LowByteEnv):
                 Path(marker).touch()
                 await asyncio.sleep(float(seconds))
         return await self._jittered_reset(task)
+
+
+class SignalAtStepEnv(LowByteEnv):
+    """``LowByteEnv`` whose ``step`` sends its own process ``signum`` (once, at the process's
+    ``at``-th env step), synchronously inside the coroutine: Python then runs the signal handler in
+    the middle of the env's own code, not while the event loop waits."""
+
+    steps = 0
+
+    def __init__(self, tokenizer, signum: int, at: int) -> None:
+        super().__init__(tokenizer)
+        self.signum, self.at = signum, at
+
+    async def step(self, action: Action) -> StepResult:
+        SignalAtStepEnv.steps += 1
+        if SignalAtStepEnv.steps == self.at:
+            os.kill(os.getpid(), self.signum)
+            sum(range(1000))  # bytecode after the signal: the handler runs here, inside this coroutine
+        return await super().step(action)

@@ -53,9 +53,7 @@ def _config(tmp_path: Path, checkpoint: Path, **trainer) -> Path:
 
 def _start(config: Path, run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     environment = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
-    environment.update(
-        PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {})
-    )
+    environment.update(PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {}))
     return subprocess.Popen(
         [sys.executable, "-m", "agent_r1.cli", "train", str(config), f"trainer.run_dir={run_dir}", *extra],
         env=environment,
@@ -151,7 +149,9 @@ def _kill_point(where: str, tmp_path: Path, pause_s: float = 120) -> tuple[dict,
     if where == "update":  # after step 3's first of two optimizer steps
         return {"AGENT_R1_UPDATE_DELAY": f"3:{pause_s}:{marker}"}, marker
     assert where == "checkpoint"  # halfway through writing checkpoint 3
-    return {"AGENT_R1_CHECKPOINT_WRITE_DELAY": "3:120"}, tmp_path / "run" / "checkpoints" / ".tmp-step_000003" / "model"
+    return {
+        "AGENT_R1_CHECKPOINT_WRITE_DELAY": "3:120"
+    }, tmp_path / "run" / "checkpoints" / ".tmp-step_000003" / "model"
 
 
 @pytest.mark.slow
@@ -215,10 +215,11 @@ def test_a_signal_landing_inside_an_envs_code_stops_the_rollout_not_one_trajecto
     """In one process (the handler raises ``StopSampling`` wherever the main thread is): a signal that
     lands inside an env's ``step`` stops the rollout and checkpoints step 1, instead of becoming one
     ERROR trajectory (as an ``Exception`` would, caught by ``rollout_group``) while sampling goes on."""
+    from trainer_envs import SignalAtStepEnv, tasks
+
     from agent_r1.train.config import load_config
     from agent_r1.train.preemption import Preempted
     from agent_r1.train.trainer import Trainer
-    from trainer_envs import SignalAtStepEnv, tasks
 
     config = load_config(
         _config(tmp_path, tiny_checkpoint, checkpoint_every=0), [f"trainer.run_dir={tmp_path / 'run'}"]

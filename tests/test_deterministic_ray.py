@@ -10,7 +10,6 @@ import signal
 
 import pytest
 import yaml
-
 from test_deterministic import RESETS_PER_STEP, _config, _differences, _finish, _start, _wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

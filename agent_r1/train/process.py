@@ -82,7 +82,9 @@ def _mkl_cbwr_code(value: str) -> int:
     """``MKL_CBWR``'s value (``BRANCH[,STRICT]``) as MKL's code."""
     branch, _, strict = value.upper().partition(",")
     if branch.strip() not in _MKL_CBWR_BRANCHES or strict.strip() not in ("", "STRICT"):
-        raise ValueError(f"MKL_CBWR={value!r}: expected one of {sorted(_MKL_CBWR_BRANCHES)}, optionally ',STRICT'")
+        raise ValueError(
+            f"MKL_CBWR={value!r}: expected one of {sorted(_MKL_CBWR_BRANCHES)}, optionally ',STRICT'"
+        )
     return _MKL_CBWR_BRANCHES[branch.strip()] | (_MKL_CBWR_STRICT if strict.strip() else 0)
 
 

@@ -567,7 +567,11 @@ class Trainer:
                 self.save_checkpoint(step, rng)
             checkpoint = self.run_dir.checkpoints / f"step_{step:06d}"
         self.preemption.done()
-        logger.warning("preempted: checkpoint of step %s written %.1f s after the signal", step, self.preemption.elapsed())
+        logger.warning(
+            "preempted: checkpoint of step %s written %.1f s after the signal",
+            step,
+            self.preemption.elapsed(),
+        )
         raise Preempted(self.preemption.signum, step, checkpoint)
 
     def _restore(self) -> int:

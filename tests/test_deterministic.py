@@ -237,3 +237,39 @@ def test_a_signal_landing_inside_an_envs_code_stops_the_rollout_not_one_trajecto
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
     assert [r["step"] for r in _rows(tmp_path / "run")] == [1]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is uninstalled
+
+
+_MKL_PROBE = """
+import torch
+from agent_r1.train import process
+if {matmul_first}:
+    torch.ones(64, 64) @ torch.ones(64, 64)
+try:
+    process.deterministic_settings()
+except RuntimeError as error:
+    print("refused:", error)
+print("branch", process._torch_mkl().mkl_serv_cbwr_get(-1), torch.are_deterministic_algorithms_enabled())
+"""
+
+
+@pytest.mark.skipif(
+    not __import__("torch").backends.mkl.is_available(), reason="this torch is built without MKL"
+)
+@pytest.mark.parametrize("matmul_first", [False, True])
+def test_deterministic_settings_put_mkl_in_its_reproducible_mode_or_say_it_is_too_late(matmul_first):
+    """torch's CPU wheel runs its float32 matmuls in MKL: in a fresh process MKL's branch becomes
+    COMPATIBLE (3) instead of off (1); after MKL ran, the error asks for MKL_CBWR in the environment."""
+    environment = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    out = subprocess.run(
+        [sys.executable, "-c", _MKL_PROBE.format(matmul_first=matmul_first)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    if matmul_first:
+        assert "refused: trainer.deterministic: MKL already ran" in out and "MKL_CBWR=COMPATIBLE" in out
+        assert "branch 1 " in out
+    else:
+        assert "refused" not in out and "branch 3 True" in out

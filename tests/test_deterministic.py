@@ -273,3 +273,70 @@ def test_deterministic_settings_put_mkl_in_its_reproducible_mode_or_say_it_is_to
         assert "branch 1 " in out
     else:
         assert "refused" not in out and "branch 3 True" in out
+
+
+@pytest.mark.slow
+def test_sigterm_mid_async_update_saves_the_finished_rollout_in_flight_and_resume_samples_none_twice(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    """Async (in one process): SIGTERM during update 2 lets step 2 finish; its checkpoint holds rollout
+    3, which ran beside the update, finished. The resumed run trains exactly those samples at step 3
+    and samples only rollout 4: every reset of the two processes together is one of rollouts 1-4."""
+    import threading
+
+    import torch
+    from trainer_envs import tasks
+
+    from agent_r1.train.config import config_from_dict
+    from agent_r1.train.preemption import Preempted
+    from agent_r1.train.trainer import Trainer
+
+    counter, marker = tmp_path / "resets", tmp_path / "at-update"
+    batch = 2 * 2  # tasks_per_step x rollout.n
+
+    def config():
+        return config_from_dict(
+            {
+                "model": {"path": str(tiny_checkpoint)},
+                "env": {
+                    "name": "trainer_envs:KillOnceEnv",
+                    "kwargs": {"counter": str(counter), "kill_at": 0},
+                },
+                "rollout": {"n": 2, "max_tokens": 6, "max_steps": 2, "share_model": False},
+                "algorithm": {"off_policy": "tis"},
+                "trainer": {
+                    **{"steps": 4, "tasks_per_step": 2, "lr": 3e-3, "mode": "async", "torch_threads": 1},
+                    **{"run_dir": str(tmp_path / "run"), "checkpoint_every": 0, "partial_rollouts": False},
+                },
+                "logging": {"progress": False, "tensorboard": False, "report": False},
+            }
+        )
+
+    monkeypatch.setenv("AGENT_R1_UPDATE_DELAY", f"2:2:{marker}")
+
+    def signal_at_the_marker():
+        while not marker.exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_at_the_marker, daemon=True).start()
+    with pytest.raises(Preempted, match="step_000002 holds step 2"):
+        Trainer(config(), train_tasks=tasks(6)).fit()
+    stored = torch.load(
+        tmp_path / "run" / "checkpoints" / "step_000002" / "trainer_state.pt", weights_only=False
+    )
+    assert stored["in_flight"]["step"] == 3
+    saved = [[s.response_ids for s in t.steps] for g in stored["in_flight"]["groups"] for t in g.trajectories]
+    assert len(saved) == batch and int(counter.read_text()) == 3 * batch
+
+    monkeypatch.delenv("AGENT_R1_UPDATE_DELAY")
+    Trainer(config(), train_tasks=tasks(6), resume=True).fit()
+    trained = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "trajectories" / "step_000003.jsonl").read_text().splitlines()
+    ]
+    assert [[list(ids) for ids in t] for t in saved] == [
+        [s["response_ids"] for s in t["steps"]] for t in trained
+    ]
+    assert int(counter.read_text()) == 4 * batch
+    assert [r["step"] for r in _rows(tmp_path / "run") if "reward/mean" in r] == [1, 2, 3, 4]

@@ -37,19 +37,24 @@ def test_a_deterministic_ray_rerun_is_bitwise_equal(ray_reference, tmp_path, tin
     assert _differences(ray_reference, rerun) == []
 
 
-def test_sigterm_to_the_ray_driver_mid_rollout_checkpoints_and_resumes_bitwise(
-    ray_reference, tmp_path, tiny_checkpoint
+@pytest.mark.parametrize(("where", "saved"), [("rollout", 2), ("update", 3)])
+def test_sigterm_to_the_ray_driver_checkpoints_and_resumes_bitwise(
+    ray_reference, tmp_path, tiny_checkpoint, where, saved
 ):
+    """Mid-rollout the driver stops sampling and checkpoints step 2; mid-update (the driver pauses 3 s
+    between step 3's two optimizer steps, on the learner worker) it finishes step 3 and checkpoints it."""
     config = _ray_config(tmp_path, tiny_checkpoint, checkpoint_every=0)
-    marker = tmp_path / "at-rollout"
-    # Each actor holds one task's samples per step: its 8th reset is in step 3.
-    env = {"JITTER_PAUSE": f"{2 * RESETS_PER_STEP // 2 + 2}:120:{marker}"}
+    marker = tmp_path / f"at-{where}"
+    if where == "rollout":  # each actor holds one task's samples per step: its 8th reset is in step 3
+        env = {"JITTER_PAUSE": f"{2 * RESETS_PER_STEP // 2 + 2}:120:{marker}"}
+    else:
+        env = {"AGENT_R1_UPDATE_DELAY": f"3:3:{marker}"}
     run = tmp_path / "run"
     process = _start(config, run, env=env)
     _wait_for(marker, process)
     process.send_signal(signal.SIGTERM)
     out = _finish(process, code=4)
     assert "preempted by SIGTERM" in out
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step_{saved:06d}"]
     _finish(_start(config, run, "--resume"))
     assert _differences(ray_reference, run) == []

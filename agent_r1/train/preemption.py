@@ -15,8 +15,9 @@ the run at a consistent point and ends it with ``PREEMPTED_EXIT`` (4).
 A timer is started with the signal: if the checkpoint is not written ``trainer.preemption_grace_s``
 seconds later (an update or an async rollout that outlasts the grace), the process ends at once with
 ``UNSAVED_EXIT`` (5), saying so; the previous checkpoint stands, and a checkpoint half written then
-is only a ``.tmp-`` folder that resume removes (``agent_r1.train.checkpoint``). A second signal while
-the checkpoint is being prepared is ignored (logged).
+is only a ``.tmp-`` folder that resume removes (``agent_r1.train.checkpoint``). A second SIGTERM
+while the checkpoint is being prepared is ignored (logged); a second SIGINT (Ctrl-C twice) raises
+``KeyboardInterrupt`` at once, leaving the previous checkpoint.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ class PreemptionGuard:
 
     def _handle(self, signum: int, frame) -> None:
         if self.requested:
+            if signum == signal.SIGINT:  # Ctrl-C twice: stop now, the previous checkpoint stands
+                raise KeyboardInterrupt
             logger.warning("%s again: still writing the preemption checkpoint", signal.Signals(signum).name)
             return
         self.signum, self._signalled_at = signum, time.monotonic()

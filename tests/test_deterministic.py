@@ -340,3 +340,23 @@ def test_sigterm_mid_async_update_saves_the_finished_rollout_in_flight_and_resum
     ]
     assert int(counter.read_text()) == 4 * batch
     assert [r["step"] for r in _rows(tmp_path / "run") if "reward/mean" in r] == [1, 2, 3, 4]
+
+
+def test_the_guard_stops_a_rollout_ignores_a_second_sigterm_and_a_second_sigint_interrupts():
+    from agent_r1.train.preemption import PreemptionGuard, StopSampling
+
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with PreemptionGuard(grace_s=60) as guard:
+        assert not guard.requested
+        with pytest.raises(StopSampling), guard.stoppable():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler interrupts it
+        assert guard.signum == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)  # logged, nothing else
+        time.sleep(0.05)
+        with pytest.raises(StopSampling), guard.stoppable():  # a rollout after the signal: not started
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == previous

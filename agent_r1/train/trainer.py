@@ -29,9 +29,12 @@ Choices, and where they come from:
   (and skips the update when nothing does).
 - **Sequences** for the loss aggregation are steps (one response = one MDP action), so
   ``seq-mean-*`` aggregations average over steps.
-- **Reproducibility**: each request gets a sampling seed derived from (run seed, step, prompt,
-  occurrence), each step's tasks are a pure function of (seed, step) and mini-batches are shuffled by
-  a generator seeded per step (docs/training.md says what a rerun and a resumed run reproduce).
+- **Reproducibility**: each request gets a sampling seed derived from (run seed, step, task, sample,
+  prompt; ``agent_r1.rollout.seeded``), each step's tasks are a pure function of (seed, step) and
+  mini-batches are shuffled by a generator seeded per step (docs/training.md says what a rerun and a
+  resumed run reproduce; ``trainer.deterministic`` makes them bitwise).
+- **Preemption** (``agent_r1.train.preemption``): SIGTERM / SIGINT stop a sync rollout or finish the
+  step in progress, checkpoint the last finished step and raise ``Preempted`` (CLI exit 4).
 - **Error budget** (``agent_r1.train.health``): ERROR trajectories are dropped by the filter, their
   first error of each kind is logged, and a rollout with more than ``trainer.max_error_fraction`` of
   them (or all) stops the run with ``TrainingHalted`` before it trains on the step.

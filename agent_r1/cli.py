@@ -27,7 +27,9 @@ def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParse
             if e.name == f"agent_r1.commands.{name}":
                 continue
             raise
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(
+            name, help=module.HELP, description=module.HELP, epilog=getattr(module, "EPILOG", None)
+        )
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser

@@ -11,6 +11,7 @@ whatever a random model writes (for context policies such as ``summarize``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from dataclasses import dataclass
@@ -123,3 +124,50 @@ class KillOnceEnv(LowByteEnv):
             marker.touch()
             os.kill(os.getpid(), signal.SIGKILL)
         return await super().reset(task)
+
+
+class JitteryLowByteEnv(LowByteEnv):
+    """``LowByteEnv`` whose resets and steps return after a random pause (0-20 ms, drawn from the OS,
+    not from any seeded generator): which turns the engine finds live together then changes from run
+    to run, as it does under load. For the determinism tests: a run's result must not depend on it."""
+
+    async def _jittered_reset(self, task: Task) -> Observation:
+        await asyncio.sleep(int.from_bytes(os.urandom(1), "little") / 255 * 0.02)
+        return await super().reset(task)
+
+    async def step(self, action: Action) -> StepResult:
+        await asyncio.sleep(int.from_bytes(os.urandom(1), "little") / 255 * 0.02)
+        return await super().step(action)
+
+    _resets = 0  # in this process
+
+    async def reset(self, task: Task) -> Observation:
+        """``JITTER_PAUSE="RESET:SECONDS:MARKER"``: at this process's RESET-th reset, if MARKER does not
+        exist yet, create it and pause (a rollout in progress, for a test to signal or kill)."""
+        JitteryLowByteEnv._resets += 1
+        pause = os.environ.get("JITTER_PAUSE")
+        if pause:
+            count, seconds, marker = pause.split(":", 2)
+            if JitteryLowByteEnv._resets == int(count) and not Path(marker).exists():
+                Path(marker).touch()
+                await asyncio.sleep(float(seconds))
+        return await self._jittered_reset(task)
+
+
+class SignalAtStepEnv(LowByteEnv):
+    """``LowByteEnv`` whose ``step`` sends its own process ``signum`` (once, at the process's
+    ``at``-th env step), synchronously inside the coroutine: Python then runs the signal handler in
+    the middle of the env's own code, not while the event loop waits."""
+
+    steps = 0
+
+    def __init__(self, tokenizer, signum: int, at: int) -> None:
+        super().__init__(tokenizer)
+        self.signum, self.at = signum, at
+
+    async def step(self, action: Action) -> StepResult:
+        SignalAtStepEnv.steps += 1
+        if SignalAtStepEnv.steps == self.at:
+            os.kill(os.getpid(), self.signum)
+            sum(range(1000))  # bytecode after the signal: the handler runs here, inside this coroutine
+        return await super().step(action)

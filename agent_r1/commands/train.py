@@ -3,7 +3,10 @@
 Exit codes: 0 trained; 2 a configuration, data, model or checkpoint error, a checkpoint or run
 directory that cannot be written (a full disk), or a refused resume (no checkpoint, or a changed
 config: see ``agent_r1.train.resume``); 3 stopped by the error budget
-(``trainer.max_error_fraction``: too many trajectories of a step ended in ERROR)."""
+(``trainer.max_error_fraction``: too many trajectories of a step ended in ERROR); 4 preempted by
+SIGTERM / SIGINT, checkpoint written (``--resume`` continues); 5 preempted, but the checkpoint could
+not be written within ``trainer.preemption_grace_s`` (the previous one stands):
+``agent_r1.train.preemption``."""
 
 from __future__ import annotations
 
@@ -14,6 +17,13 @@ import errno
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 HELP = "RL-train a policy: agent-r1 train CONFIG.yaml [section.key=value ...] [--resume]"
+EPILOG = (
+    "exit codes: 0 trained; 2 configuration, data, model or checkpoint error, an unwritable run "
+    "directory (a full disk), or a refused resume; "
+    "3 stopped by the error budget; 4 preempted by SIGTERM/SIGINT after writing a checkpoint "
+    "(--resume continues); 5 preempted, no checkpoint within trainer.preemption_grace_s (the previous "
+    "one stands)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from agent_r1.train.config import ConfigError, load_config
     from agent_r1.train.data import DataError
     from agent_r1.train.health import TrainingHalted
+    from agent_r1.train.preemption import PREEMPTED_EXIT, Preempted
     from agent_r1.train.resume import ResumeError
 
     overrides = list(args.overrides) + (["logging.progress=false"] if args.quiet else [])
@@ -105,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     except TrainingHalted as e:
         print(f"agent-r1 train: stopped: {e}")
         return 3
+    except Preempted as e:
+        print(f"agent-r1 train: {e}", flush=True)
+        return PREEMPTED_EXIT
     except CheckpointError as e:  # a checkpoint that could not be written: full disk, unwritable dir
         print(f"agent-r1 train: {e}")
         return 2

@@ -1,14 +1,13 @@
 """Rollout actors (each holds one engine) and the driver's pool that feeds them samples and survives deaths.
 
 The unit of work is one sample: ``(task index, sample index)`` of a step. The pool sends every sample of
-a task to the same actor (so the n samples of a group share one seeded engine, exactly as in the
-single-process trainer), collects the trajectories as they finish, and when an actor dies mid-rollout
+a task to the same actor, collects the trajectories as they finish, and when an actor dies mid-rollout
 (``RayActorError``) it starts a new actor in that slot, gives it the current weights and re-queues
 exactly the samples that had not come back. Every ``(task, sample)`` is in the batch exactly once.
 
-Seeding: an actor seeds requests with ``agent_r1.rollout.seeded.SeededEngine``, one counter per
-(step, task), so a Ray rollout samples the same trajectories as the single-process trainer whenever no
-two tasks of a step share a prompt. A re-queued sample gets a fresh seed base (``:retry<k>``): its
+Seeding: an actor seeds requests with ``agent_r1.rollout.seeded.SeededEngine``, one per (step, task,
+sample), seeded by that identity (``sample_seed_base``), so a Ray rollout samples the same trajectories
+as the single-process trainer, in the same order. A re-queued sample gets a fresh seed base (``:retry<k>``): its
 siblings' seeds are not reused, so a restart never duplicates a trajectory.
 
 Versions: an actor's engine swaps weights only between requests (``agent_r1.rollout.versioned``):
@@ -102,15 +101,16 @@ class RolloutActor:
         return self.slot
 
     def _engine_for(self, request: SampleRequest) -> _OrderedSample:
-        from agent_r1.rollout.seeded import SeededEngine
+        from agent_r1.rollout.seeded import SeededEngine, sample_seed_base
 
         if request.seed_base != self._seed_base:
             self._seed_base, self._groups = request.seed_base, {}
-        key = (request.seed_base, request.key.task_index, request.attempt)
+        key = (request.seed_base, request.key.task_index, request.key.sample_index, request.attempt)
         if key not in self._groups:
             engine = SeededEngine(self.engine)
             suffix = f":retry{request.attempt}" if request.attempt else ""
-            engine.reseed(f"{request.seed_base}{suffix}")
+            base = sample_seed_base(request.seed_base, request.key.task_index, request.key.sample_index)
+            engine.reseed(f"{base}{suffix}")
             self._groups[key] = _GroupSeeds(engine)
         return _OrderedSample(self._groups[key])
 
@@ -124,7 +124,8 @@ class RolloutActor:
         watch = self.engine.watch()
         group = watch.stamp(await rollout_group(flow, engine, request.task, 1, request.group_id))
         (trajectory,) = group.trajectories
-        return trajectory, engine.order if engine.order is not None else -1, time.time()
+        # Ordered by sample index: each sample is seeded by its own identity (sample_seed_base).
+        return trajectory, request.key.sample_index, time.time()
 
     async def update_weights(self, named_tensors: Sequence[tuple[str, Any]], version: int) -> int:
         """Swap in new weights between requests (in-flight samples continue from their next step)."""

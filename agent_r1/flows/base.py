@@ -368,3 +368,27 @@ async def rollout_groups(
             *(rollout_group(flow, engine, t, n, g) for t, g in zip(tasks, group_ids, strict=True))
         )
     )
+
+
+async def seeded_rollout_groups(
+    flow: AgentFlow, engine: Engine, tasks: Sequence[Task], n: int, seed_base: str
+) -> list[TrajectoryGroup]:
+    """``rollout_groups`` with every sample on its own ``SeededEngine`` over ``engine``, seeded by
+    (``seed_base``, task index, sample index): sample i of task j samples the same tokens whatever
+    order the samples' requests reach the engine in (``agent_r1.rollout.seeded``)."""
+    from agent_r1.rollout.seeded import SeededEngine, sample_seed_base
+
+    async def group(index: int, task: Task) -> TrajectoryGroup:
+        group_id = f"{index}:{task_id(task)}" if task_id(task) else str(index)
+        engines = [SeededEngine(engine) for _ in range(n)]
+        for sample, seeded in enumerate(engines):
+            seeded.reseed(sample_seed_base(seed_base, index, sample))
+        outcomes = await asyncio.gather(
+            *(rollout_group(flow, seeded, task, 1, group_id) for seeded in engines), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return TrajectoryGroup(group_id, task_id(task), [t for g in outcomes for t in g.trajectories])
+
+    return list(await asyncio.gather(*(group(i, t) for i, t in enumerate(tasks))))

@@ -8,15 +8,24 @@ from dataclasses import replace
 
 from agent_r1.types import Completion, SamplingParams
 
-__all__ = ["SeededEngine"]
+__all__ = ["SeededEngine", "sample_seed_base"]
+
+
+def sample_seed_base(base: str, task_index: int, sample_index: int) -> str:
+    """The seed base of sample ``sample_index`` of the rollout's task ``task_index``: each sample seeds
+    its requests from its own identity, so that which sample gets which seed does not depend on the
+    order in which the samples' (identical) first prompts reach the engine."""
+    return f"{base}:{task_index}:{sample_index}"
 
 
 class SeededEngine:
     """Gives every sampled request a seed derived from (base, prompt, occurrence of that prompt).
 
     Rollouts are concurrent and their requests arrive in a scheduling-dependent order; seeding by
-    content instead of arrival makes each step's samples a function of the step's seed. Identical
-    prompts get distinct seeds by occurrence, so the n samples of one task differ.
+    content instead of arrival makes each step's samples a function of the step's seed. The trainer
+    gives every sample its own engine (``sample_seed_base``), so the n samples of one task differ and
+    sample i is the same trajectory in every run; within one engine, identical prompts get distinct
+    seeds by occurrence.
     """
 
     def __init__(self, engine) -> None:

@@ -36,8 +36,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from agent_r1.flows.base import AgentFlow, rollout_groups
-from agent_r1.rollout.seeded import SeededEngine
+from agent_r1.flows.base import AgentFlow, seeded_rollout_groups
 from agent_r1.rollout.versioned import VersionedEngine
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.checkpoint import load_checkpoint, save_checkpoint, split_critic, with_critic
@@ -214,11 +213,9 @@ class LocalRollout:
 
     async def _run(self, job: _LocalJob) -> list[TrajectoryGroup]:
         job.started = job.started or time.time()
-        engine = SeededEngine(self.engine)  # one per job: a background job never shares its counters
-        engine.reseed(job.seed_base)
         flow = self.eval_flow if job.evaluation else self.flow
         watch = self.engine.watch()
-        groups = await rollout_groups(flow, engine, job.tasks, job.n)
+        groups = await seeded_rollout_groups(flow, self.engine, job.tasks, job.n, job.seed_base)
         job.finished = time.time()
         return [watch.stamp(g) for g in groups]
 

@@ -284,15 +284,19 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None):
     from agent_r1.rollout.factory import EngineUnavailable, build_engine
 
     rollout = config.rollout
+    kwargs = {"max_batch_size": rollout.max_batch_size, **rollout.engine_kwargs}
+    if config.trainer.deterministic and rollout.engine == "hf":
+        # One request at a time, never a stored prefix: each response is then computed from its own
+        # tokens alone, whichever requests happen to be live at once (docs/training.md, Determinism).
+        kwargs.update(max_batch_size=1, prefix_cache_entries=0)
     try:
         return build_engine(
             rollout.engine,
             base_path(config) if source is None else source,
             tokenizer=tokenizer,
             dtype=config.model.dtype,
-            max_batch_size=rollout.max_batch_size,
             device=device,
-            **rollout.engine_kwargs,
+            **kwargs,
         )
     except EngineUnavailable as error:
         raise ConfigError("rollout.engine", str(error)) from None

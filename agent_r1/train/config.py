@@ -330,6 +330,24 @@ class TrainerConfig:
         "large tensor otherwise pays a page fault per 4 KiB (the quickstart race's iteration ran 12% "
         "faster, its update 18%). The resident set stays at its peak. No effect, with a warning, without glibc.",
     )
+    deterministic: bool = _opt(
+        False,
+        "Bitwise-reproducible runs: a rerun with the same seed, and a run killed anywhere and resumed, "
+        "give the same metrics (timings aside), trajectories and weights on the same machine and "
+        "software. The HF engine then decodes one request at a time with no prefix reuse (its result "
+        "no longer depends on which requests share a batch), torch runs deterministic algorithms with "
+        "a fixed thread count (trainer.torch_threads, default 1 here), MKL in its reproducible mode "
+        "(MKL_CBWR, default COMPATIBLE) and, on CUDA, CUBLAS_WORKSPACE_CONFIG=:4096:8 without cuDNN "
+        "benchmarking. Slower: docs/training.md gives the cost.",
+    )
+    preemption_grace_s: float = _opt(
+        30.0,
+        "On SIGTERM or SIGINT the run stops sampling, checkpoints at the last consistent point and "
+        "exits with code 4 (docs/training.md, Preemption); if that checkpoint cannot be written within "
+        "this many seconds of the signal, it exits with code 5 and the previous checkpoint stands. Set "
+        "it below the scheduler's own grace (Kubernetes' terminationGracePeriodSeconds, SLURM's KillWait).",
+        _positive,
+    )
     max_error_fraction: float = _opt(
         1.0,
         "Error budget: the run stops (TrainingHalted, exit code 3) naming the first error when more "
@@ -582,6 +600,18 @@ def _check_cross_field(config: TrainConfig) -> None:
             "rollout.share_model",
             "trainer.mode: async samples while the learner updates, so the HF engine needs its own copy "
             "of the weights: set rollout.share_model: false (or use rollout.engine: vllm)",
+        )
+    if config.trainer.deterministic and config.rollout.engine != "hf":
+        raise ConfigError(
+            "trainer.deterministic",
+            f"needs rollout.engine: hf (its batch-invariant decode); {config.rollout.engine!r} batches "
+            "requests as they come",
+        )
+    if config.trainer.deterministic and asynchronous and config.trainer.partial_rollouts:
+        raise ConfigError(
+            "trainer.deterministic",
+            "trainer.partial_rollouts lands each update wherever the rollout in flight has got to, which "
+            "depends on timing: set trainer.partial_rollouts: false (or trainer.mode: sync)",
         )
     if algo.resample_rounds and asynchronous:
         raise ConfigError(

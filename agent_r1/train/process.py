@@ -11,6 +11,16 @@ tensor ran 10x slower per element than over a tensor a third its size. Keeping f
 process (allocations up to 32 MiB from the heap, no trimming, the heap grown in 256 MiB steps, one
 arena) is what PyTorch's CPU performance guide gets from jemalloc / tcmalloc, here without preloading
 a library. The cost: the resident set stays at its peak instead of shrinking between phases.
+
+``trainer.deterministic`` (``deterministic_settings``): the process-wide half of the deterministic mode
+(the engine's half is ``agent_r1.train.builders.rollout_engine``'s). torch's CPU wheel does its float32
+matrix products (``nn.Linear``, ``addmm``, ``bmm``) in MKL's ``sgemm``, which picks its kernel by CPU
+and by the alignment of its operands; the alignment of a fresh buffer differs between processes, so
+two processes can round the same product differently in the last bit. MKL's conditional numerical
+reproducibility (``MKL_CBWR``, read once, when MKL first runs) fixes the code path. It is set here
+through MKL's own ``mkl_cbwr_set`` (exported by ``libtorch_cpu``), which refuses once MKL has run: that
+is then an error telling to set ``MKL_CBWR`` in the environment. ``tests/test_deterministic.py``
+shows that without it two processes differ and with it they agree to the bit.
 """
 
 from __future__ import annotations
@@ -18,13 +28,15 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import platform
+from pathlib import Path
 
 import torch
 
 from agent_r1.train.config import TrainerConfig
 
-__all__ = ["apply_process_settings", "retain_freed_memory"]
+__all__ = ["apply_process_settings", "deterministic_settings", "retain_freed_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +71,69 @@ def retain_freed_memory() -> bool:
     return not refused
 
 
+# MKL's branch codes (mkl_cbwr.h).
+_MKL_CBWR_ALL, _MKL_CBWR_BRANCH_OFF = -1, 1
+_MKL_CBWR_BRANCHES = {"AUTO": 2, "COMPATIBLE": 3, "SSE2": 4, "SSE4_2": 8, "AVX": 9, "AVX2": 10, "AVX512": 14}
+_MKL_CBWR_STRICT = 0x10000
+DEFAULT_MKL_CBWR = "COMPATIBLE"
+
+
+def _mkl_cbwr_code(value: str) -> int:
+    """``MKL_CBWR``'s value (``BRANCH[,STRICT]``) as MKL's code."""
+    branch, _, strict = value.upper().partition(",")
+    if branch.strip() not in _MKL_CBWR_BRANCHES or strict.strip() not in ("", "STRICT"):
+        raise ValueError(
+            f"MKL_CBWR={value!r}: expected one of {sorted(_MKL_CBWR_BRANCHES)}, optionally ',STRICT'"
+        )
+    return _MKL_CBWR_BRANCHES[branch.strip()] | (_MKL_CBWR_STRICT if strict.strip() else 0)
+
+
+def _torch_mkl():
+    """libtorch_cpu, where MKL is linked in, or None (a torch built without MKL)."""
+    if not torch.backends.mkl.is_available():
+        return None
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    if not library.is_file():
+        return None
+    lib = ctypes.CDLL(str(library))
+    if not hasattr(lib, "mkl_serv_cbwr_set"):
+        return None
+    lib.mkl_serv_cbwr_get.argtypes = lib.mkl_serv_cbwr_set.argtypes = [ctypes.c_int]
+    lib.mkl_serv_cbwr_get.restype = lib.mkl_serv_cbwr_set.restype = ctypes.c_int
+    return lib
+
+
+def deterministic_settings() -> None:
+    """Reproducible kernels in this process (``trainer.deterministic``): MKL's reproducible mode
+    (``MKL_CBWR``, COMPATIBLE unless the environment names another), ``torch.use_deterministic_algorithms``
+    and, on CUDA, cuBLAS's fixed workspace without cuDNN benchmarking. ``MKL_CBWR`` and
+    ``CUBLAS_WORKSPACE_CONFIG`` are also left in ``os.environ`` for the processes this one starts (Ray's
+    workers). Raises ``RuntimeError`` when MKL already ran in this process without ``MKL_CBWR``."""
+    os.environ.setdefault("MKL_CBWR", DEFAULT_MKL_CBWR)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS initialises
+    mkl = _torch_mkl()
+    if mkl is not None:
+        wanted = _mkl_cbwr_code(os.environ["MKL_CBWR"])
+        unset = mkl.mkl_serv_cbwr_get(_MKL_CBWR_ALL) == _MKL_CBWR_BRANCH_OFF  # else MKL read MKL_CBWR
+        if unset and mkl.mkl_serv_cbwr_set(wanted) != 0:
+            raise RuntimeError(
+                "trainer.deterministic: MKL already ran in this process without MKL_CBWR, so its "
+                f"reproducible mode can no longer be set; start the process with MKL_CBWR={os.environ['MKL_CBWR']} "
+                "in its environment (e.g. MKL_CBWR=COMPATIBLE python train.py)"
+            )
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def apply_process_settings(trainer: TrainerConfig) -> None:
-    """``trainer.torch_threads`` and ``trainer.retain_freed_memory``, in the process that trains or
-    samples (the trainer's own, a Ray learner worker's or rollout actor's)."""
-    if trainer.torch_threads:
-        torch.set_num_threads(trainer.torch_threads)
+    """``trainer.torch_threads``, ``trainer.retain_freed_memory`` and ``trainer.deterministic`` (which
+    also pins the thread count: ``torch_threads``, or 1), in the process that trains or samples (the
+    trainer's own, a Ray learner worker's or rollout actor's)."""
+    if trainer.deterministic:
+        deterministic_settings()
+    threads = trainer.torch_threads or (1 if trainer.deterministic else None)
+    if threads:
+        torch.set_num_threads(threads)
     if trainer.retain_freed_memory:
         retain_freed_memory()

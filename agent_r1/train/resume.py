@@ -45,6 +45,7 @@ NEUTRAL_KEYS = (
     "trainer.checkpoint_every",
     "trainer.keep_checkpoints",
     "trainer.retain_freed_memory",
+    "trainer.preemption_grace_s",
 )
 """Dotted keys (or prefixes ending in '.') that change how a run is logged or saved, or where its
 memory comes from, not what it trains."""

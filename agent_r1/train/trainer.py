@@ -29,9 +29,12 @@ Choices, and where they come from:
   (and skips the update when nothing does).
 - **Sequences** for the loss aggregation are steps (one response = one MDP action), so
   ``seq-mean-*`` aggregations average over steps.
-- **Reproducibility**: each request gets a sampling seed derived from (run seed, step, prompt,
-  occurrence), each step's tasks are a pure function of (seed, step) and mini-batches are shuffled by
-  a generator seeded per step (docs/training.md says what a rerun and a resumed run reproduce).
+- **Reproducibility**: each request gets a sampling seed derived from (run seed, step, task, sample,
+  prompt; ``agent_r1.rollout.seeded``), each step's tasks are a pure function of (seed, step) and
+  mini-batches are shuffled by a generator seeded per step (docs/training.md says what a rerun and a
+  resumed run reproduce; ``trainer.deterministic`` makes them bitwise).
+- **Preemption** (``agent_r1.train.preemption``): SIGTERM / SIGINT stop a sync rollout or finish the
+  step in progress, checkpoint the last finished step and raise ``Preempted`` (CLI exit 4).
 - **Error budget** (``agent_r1.train.health``): ERROR trajectories are dropped by the filter, their
   first error of each kind is logged, and a rollout with more than ``trainer.max_error_fraction`` of
   them (or all) stops the run with ``TrainingHalted`` before it trains on the step.
@@ -70,6 +73,7 @@ from agent_r1.train.data import TaskSampler, config_tasks
 from agent_r1.train.evaluation import evaluate_rollouts
 from agent_r1.train.health import ZeroVarianceWatch, error_budget
 from agent_r1.train.learner import TokenLoss
+from agent_r1.train.preemption import Preempted, PreemptionGuard, StopSampling
 from agent_r1.train.process import apply_process_settings
 from agent_r1.train.progress import progress_bar
 from agent_r1.train.resume import ResumeMode, resume_checkpoint
@@ -213,6 +217,8 @@ class Trainer:
         self._in_flight: _InFlight | None = None
         self._rollout_span: tuple[float | None, float | None] = (None, None)
         self.zero_variance = ZeroVarianceWatch()  # warns when nearly every group teaches nothing
+        self.preemption = PreemptionGuard(trainer.preemption_grace_s)  # installed by fit
+        self._saved_step = 0  # the newest checkpoint written by this process or resumed from
 
     # ------------------------------------------------------------------ the loop
 
@@ -226,15 +232,20 @@ class Trainer:
             self.train_tasks, cfg.tasks_per_step, seed=cfg.seed, shuffle=self.config.data.shuffle
         )
         start = self._restore() if self.resume else 0
+        self._saved_step = start
         self.run_dir = RunDir(cfg.run_dir, self.config, resume_step=start or None)
         last: dict[str, float] = {}
         try:
-            with progress_bar(cfg.steps, start, self.config.logging.progress) as advance:
+            with self.preemption, progress_bar(cfg.steps, start, self.config.logging.progress) as advance:
                 if start == 0 and cfg.eval_every and self.val_tasks:
                     self.run_dir.log(0, self.evaluate())
+                ended_rng = rng_state()  # the RNG state where the last step ended (a checkpoint's)
                 for step in range(start + 1, cfg.steps + 1):
                     self.step = step
-                    last = self.train_step(step)
+                    try:
+                        last = self.train_step(step)
+                    except StopSampling:  # preempted mid-rollout: the state is the previous step's
+                        self._preempted(step - 1, ended_rng)
                     self.run_dir.log(step, last)
                     if (
                         cfg.eval_every
@@ -246,6 +257,9 @@ class Trainer:
                         last = {**last, **eval_metrics}
                     if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
                         self.save_checkpoint(step)
+                    ended_rng = rng_state()
+                    if self.preemption.requested and step < cfg.steps:
+                        self._preempted(step, ended_rng)
                     advance(step, last)
         finally:
             self.run_dir.close()
@@ -348,7 +362,8 @@ class Trainer:
         exceed ``trainer.max_staleness``."""
         cfg = self.config.trainer
         if cfg.mode == "sync":
-            return self._collect(self._submit(tasks, step, resample))
+            with self.preemption.stoppable():  # a preemption signal stops a sync rollout
+                return self._collect(self._submit(tasks, step, resample))
         if self._in_flight is None or self._in_flight.step != step:
             self._in_flight = _InFlight(step, self._submit(tasks, step))
         groups = self._collect_in_flight()
@@ -540,14 +555,34 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, step: int) -> Path:
+    def save_checkpoint(self, step: int, rng: dict | None = None) -> Path:
+        """Checkpoint ``step`` (``rng``: the RNG state to record, default the current one)."""
         assert self.run_dir is not None
-        trainer_state = {"rng": rng_state(), "policy_version": self.policy_version}
+        trainer_state = {"rng": rng or rng_state(), "policy_version": self.policy_version}
         if self._in_flight is not None:
             # Async: the next step's rollout is finished and saved with the checkpoint, so a resumed
             # run trains exactly those samples — none lost, none sampled twice.
             trainer_state["in_flight"] = {"step": self._in_flight.step, "groups": self._collect_in_flight()}
-        return Path(self.learner.save_checkpoint(self.run_dir.checkpoints, step, trainer_state))
+        path = Path(self.learner.save_checkpoint(self.run_dir.checkpoints, step, trainer_state))
+        self._saved_step = step
+        return path
+
+    def _preempted(self, step: int, rng: dict) -> None:
+        """A preemption signal arrived: checkpoint ``step`` (the last one finished, with the RNG state
+        it ended with) unless it is already saved, then raise ``Preempted``
+        (``agent_r1.train.preemption``)."""
+        checkpoint = None
+        if step > 0:
+            if self._saved_step != step:
+                self.save_checkpoint(step, rng)
+            checkpoint = self.run_dir.checkpoints / f"step_{step:06d}"
+        self.preemption.done()
+        logger.warning(
+            "preempted: checkpoint of step %s written %.1f s after the signal",
+            step,
+            self.preemption.elapsed(),
+        )
+        raise Preempted(self.preemption.signum, step, checkpoint)
 
     def _restore(self) -> int:
         checkpoint = self.resume_from

@@ -280,3 +280,10 @@ def test_real_model_quick(tmp_path):
     gain, _ = table_row(out, "gain (points)")[1].split(" ± ")
     assert abs(float(gain) - 100 * (successes[1] - successes[0])) <= 0.1, gain
     assert table_row(out, "RL steps in budget")[1] == "1"
+
+
+def test_distill_quick():
+    out = run_script("distill.py", "--quick")
+    for arm in ("rl", "distill", "distill+reward"):
+        assert table_row(out, arm)[0] == arm
+    assert re.search(r"^distill: (\d+\.\d\dx fewer steps than RL|n/a)", out, re.M), out

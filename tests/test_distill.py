@@ -186,6 +186,75 @@ def test_server_teacher_gives_the_local_teachers_log_probs(distill_step, teacher
     assert (remote_T - distilled.tokens.teacher_logprobs).abs().max() < LOGPROB_ATOL
 
 
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"context": "append"},
+        {"context": "rerender"},
+        {"context": "sliding_window", "context_kwargs": {"k": 1}},
+        {"context": "summarize", "context_kwargs": {"keep_last": 1, "max_turns": 1}},
+    ],
+    ids=lambda c: c["context"],
+)
+def test_teacher_scores_each_steps_own_prompt_under_every_context_policy(
+    context, tiny_checkpoint, teacher_checkpoint, tmp_path
+):
+    """Steps whose prompts do not extend the previous step (rerender, a window, a summary) are their
+    own sequences; those that do share one. Either way each response token is scored given its own
+    step's prompt."""
+    config = _config(
+        tiny_checkpoint,
+        tmp_path,
+        env={"name": "trainer_envs:echo_env", "kwargs": {**context, "max_turns": 3}},
+        rollout={"n": 2, "max_tokens": 6, "max_steps": 3},
+        algorithm={"distill": {"teacher": str(teacher_checkpoint)}},
+    )
+    trainer = Trainer(config, train_tasks=tasks(2))
+    try:
+        groups = trainer.rollout(tasks(2), 1)
+        batch = trainer.advantages(trainer.batch(trainer.filter(groups)[0], 1))
+        assert max(len(t.steps) for t in batch.trajectories) >= 3  # summarize adds its summary step
+        distilled = trainer.distill(batch, {})
+        expected_T = _per_step_teacher_logprobs(trainer.learner.teacher.model, batch)
+    finally:
+        trainer.close()
+    assert (distilled.tokens.teacher_logprobs - expected_T).abs().max() < LOGPROB_ATOL
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"model": {"lora": {"rank": 4}}},
+        {
+            "trainer": {"mode": "async"},
+            "rollout": {"share_model": False},
+            "algorithm": {"old_logprobs": "sampler"},
+        },
+    ],
+    ids=["lora_student", "async"],
+)
+def test_distillation_trains_a_lora_student_and_in_async_mode(
+    mode, tiny_checkpoint, teacher_checkpoint, tmp_path
+):
+    """A LoRA student (the teacher is its own model, not the adapter-disabled policy) and async mode
+    (each step's sampler log-probs are those of the policy version that sampled it, so the reverse KL
+    is that version's): three steps train, each logging the reverse KL and the teacher's time."""
+    sections = {key: dict(value) for key, value in mode.items()}
+    sections["algorithm"] = {**sections.get("algorithm", {}), "distill": {"teacher": str(teacher_checkpoint)}}
+    sections["trainer"] = {**sections.get("trainer", {}), "steps": 3}
+    trainer = Trainer(_config(tiny_checkpoint, tmp_path, **sections), train_tasks=tasks(8))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.fit()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "distill/reverse_kl" in r]
+    assert [r["step"] for r in trained] == [1, 2, 3]
+    assert all(r["time/teacher"] > 0 for r in trained)
+    changed = [
+        n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])
+    ]
+    assert changed and (not mode.get("model") or all("lora_" in n for n in changed))
+
+
 # ------------------------------------------------------------------ learning
 
 

@@ -255,6 +255,52 @@ def test_distillation_trains_a_lora_student_and_in_async_mode(
     assert changed and (not mode.get("model") or all("lora_" in n for n in changed))
 
 
+def test_serve_answers_prompt_logprobs_in_vllms_shape(tiny_checkpoint, tiny_tokenizer):
+    """``prompt_logprobs: k``: None first, then per token a mapping holding the prompt token (with its
+    rank) and the k most likely, ranks 1..k, under the model's log softmax; k < 0 is HTTP 400."""
+    import aiohttp
+
+    from agent_r1.rollout import HFEngine
+    from agent_r1.rollout.server import build_app
+
+    engine = HFEngine.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
+    server = _ServerThread(build_app(engine, model_name="tiny", tokenizer=tiny_tokenizer))
+    prompt = [40, 41, 42, 43, 44]
+
+    async def ask(k):
+        async with aiohttp.ClientSession() as http:
+            body = {
+                "prompt": prompt,
+                "max_tokens": 1,
+                "prompt_logprobs": k,
+                "return_tokens_as_token_ids": True,
+            }
+            response = await http.post(f"{server.url}/completions", json=body)
+            return response.status, await response.json()
+
+    try:
+        status, answer = asyncio.run(ask(2))
+        bad_status, bad = asyncio.run(ask(-1))
+    finally:
+        server.close()
+        engine.close()
+    assert status == 200
+    entries = answer["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(prompt)
+    with torch.no_grad():
+        logprobs_TV = torch.log_softmax(
+            engine.model(input_ids=torch.tensor([prompt])).logits[0, :-1].float(), -1
+        )
+    for t, entry in enumerate(entries[1:]):
+        own = entry[str(prompt[t + 1])]
+        assert abs(own["logprob"] - float(logprobs_TV[t, prompt[t + 1]])) < LOGPROB_ATOL
+        assert own["rank"] == int((logprobs_TV[t] > logprobs_TV[t, prompt[t + 1]]).sum()) + 1
+        assert own["decoded_token"] == f"token_id:{prompt[t + 1]}"
+        top = sorted((v["rank"], int(i)) for i, v in entry.items() if v["rank"] <= 2)
+        assert [i for _, i in top] == logprobs_TV[t].topk(2).indices.tolist()
+    assert bad_status == 400 and "prompt_logprobs" in bad["error"]["message"]
+
+
 # ------------------------------------------------------------------ learning
 
 

@@ -496,7 +496,9 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
 
     model = replace(config.model, path=local(config.model.path), tokenizer=local(config.model.tokenizer))
     trainer = replace(config.trainer, run_dir=str(Path(config.trainer.run_dir).resolve()))
-    return replace(config, model=model, trainer=trainer)
+    distill = replace(config.algorithm.distill, teacher=local(config.algorithm.distill.teacher))
+    algorithm = replace(config.algorithm, distill=distill)
+    return replace(config, model=model, trainer=trainer, algorithm=algorithm)
 
 
 def backend_config(config: TrainConfig, parts: BackendParts | None = None) -> TrainConfig:

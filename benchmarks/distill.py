@@ -48,7 +48,7 @@ from multiturn import (  # a sibling script (its folder is on sys.path)
 )
 
 from agent_r1.commands import quickstart
-from agent_r1.models.loading import save_model
+from agent_r1.models.loading import load_frozen_model, save_model
 from agent_r1.models.tiny import build_tiny_tokenizer
 from agent_r1.tasks import get_task
 from agent_r1.train.config import config_from_dict
@@ -130,6 +130,13 @@ def run_arm(arm, model, tokenizer, teacher, args, out: Path, seed: int, target: 
     return rows, trainer.model
 
 
+def trainable(model):
+    """A loaded model as the trainer takes one (its Learner optimises the parameters that need grads)."""
+    for parameter in model.parameters():
+        parameter.requires_grad_(True)
+    return model.train()
+
+
 def reached(rows: list[dict], target: float, max_steps: int) -> tuple[int, float | None]:
     """The first step whose held-out success >= target and the RL seconds to it (max_steps + 1, None: never)."""
     for row in rows:
@@ -145,6 +152,12 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=12, help="the most steps per arm")
     parser.add_argument("--seeds", type=int, default=2, help="seeds of the arms")
     parser.add_argument("--coef", type=float, default=1.0, help="algorithm.distill.coef")
+    parser.add_argument(
+        "--from-quickstart",
+        metavar="OUT",
+        help="take the student and the teacher from a finished `agent-r1 quickstart --out OUT`: "
+        "OUT/sft_model and the last checkpoint's model in OUT/run/checkpoints (skips both making them)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     args = parser.parse_args()
     if args.quick:
@@ -155,17 +168,33 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     tokenizer = build_tiny_tokenizer()
-    progress(f"warm start: {args.sft_demos} demonstrations x {args.sft_epochs} epochs")
-    student = warm_starts(tokenizer, args, contexts=("append",))["append"][0]
     results: dict[str, list] = {arm: [] for arm in ARMS}
     with tempfile.TemporaryDirectory(prefix="distill_") as tmp:
         out = Path(tmp)
-        progress(f"teacher: {args.teacher_steps} RL steps")
-        teacher_rows, teacher_model = run_arm(
-            "rl", student, tokenizer, None, args, out / "teacher", args.seed, None, args.teacher_steps
-        )
+        if args.from_quickstart:
+            given = Path(args.from_quickstart)
+            student = trainable(load_frozen_model(given / "sft_model", key="--from-quickstart"))
+            teacher_dir = str(sorted((given / "run" / "checkpoints").glob("step_*"))[-1] / "model")
+            progress(f"student {given / 'sft_model'}, teacher {teacher_dir}")
+            made = f"from {given}: student its sft_model, teacher {Path(teacher_dir).parent.name}"
+            before_rows, _ = run_arm(
+                "rl", student, tokenizer, None, args, out / "student", args.seed, None, 0
+            )
+            teacher_model = trainable(load_frozen_model(teacher_dir, key="--from-quickstart"))
+            teacher_rows, _ = run_arm(
+                "rl", teacher_model, tokenizer, None, args, out / "teacher", args.seed, None, 0
+            )
+            teacher_rows = [before_rows[0], teacher_rows[0]]
+        else:
+            progress(f"warm start: {args.sft_demos} demonstrations x {args.sft_epochs} epochs")
+            student = warm_starts(tokenizer, args, contexts=("append",))["append"][0]
+            made = f"SFT {args.sft_demos} demos x {args.sft_epochs} epochs; teacher = student + {args.teacher_steps} RL steps"
+            progress(f"teacher: {args.teacher_steps} RL steps")
+            teacher_rows, teacher_model = run_arm(
+                "rl", student, tokenizer, None, args, out / "teacher", args.seed, None, args.teacher_steps
+            )
+            teacher_dir = str(save_model(teacher_model, tokenizer, out / "teacher_model"))
         teacher_success = teacher_rows[-1]["success"]
-        teacher_dir = str(save_model(teacher_model, tokenizer, out / "teacher_model"))
         target = 0.9 * teacher_success
         progress(f"teacher held-out success {teacher_success:.3f}; target {target:.3f}")
         for seed in range(args.seed + 1, args.seed + 1 + args.seeds):
@@ -180,8 +209,7 @@ def main() -> None:
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"task: quickstart arithmetic; SFT {args.sft_demos} demos x {args.sft_epochs} epochs (student); teacher = "
-        f"student + {args.teacher_steps} RL steps, held-out success {teacher_success:.3f} (after SFT "
+        f"task: quickstart arithmetic; {made}; teacher held-out success {teacher_success:.3f} (student "
         f"{teacher_rows[0]['success']:.3f}), target 0.9 x = {target:.3f}; {args.tasks_per_step} tasks x "
         f"{args.group_size} samples per step; held-out {args.eval_tasks} tasks x {quickstart.EVAL_SAMPLES} "
         f"sampled; {args.seeds} seeds; at most {args.max_steps} steps per arm"

@@ -151,6 +151,9 @@ def main() -> None:
     parser.add_argument("--teacher-steps", type=int, default=12, help="RL steps that make the teacher")
     parser.add_argument("--max-steps", type=int, default=12, help="the most steps per arm")
     parser.add_argument("--seeds", type=int, default=2, help="seeds of the arms")
+    parser.add_argument(
+        "--first-arm-seed", type=int, default=None, help="the arms' first seed (default --seed + 1)"
+    )
     parser.add_argument("--coef", type=float, default=1.0, help="algorithm.distill.coef")
     parser.add_argument(
         "--from-quickstart",
@@ -197,7 +200,8 @@ def main() -> None:
         teacher_success = teacher_rows[-1]["success"]
         target = 0.9 * teacher_success
         progress(f"teacher held-out success {teacher_success:.3f}; target {target:.3f}")
-        for seed in range(args.seed + 1, args.seed + 1 + args.seeds):
+        first = args.seed + 1 if args.first_arm_seed is None else args.first_arm_seed
+        for seed in range(first, first + args.seeds):
             for arm in ARMS:
                 rows, _ = run_arm(
                     arm, student, tokenizer, teacher_dir, args, out, seed, target, args.max_steps

@@ -303,3 +303,10 @@ def test_agent_frameworks_quick(tmp_path):
     assert table_row(out, "RL steps in budget")[1] == "1"
     assert table_row(out, "held-out error fraction before / after")[1] == "0.000 / 0.000"
     assert table_row(out, "gateway/exact_fraction")[1] in ("1.000 / 1.000", "- / -")
+
+
+def test_distill_quick():
+    out = run_script("distill.py", "--quick")
+    for arm in ("rl", "distill", "distill+reward"):
+        assert table_row(out, arm)[0] == arm
+    assert re.search(r"^distill: (\d+\.\d\dx fewer steps than RL|n/a)", out, re.M), out

@@ -24,6 +24,7 @@ from agent_r1.algos.aggregation import (
     get_loss_aggregation,
     register_aggregation,
 )
+from agent_r1.algos.distill import distill_advantages, reverse_kl_per_token
 from agent_r1.algos.kl import (
     KL_ESTIMATORS,
     KLConfig,
@@ -74,12 +75,14 @@ __all__ = [
     "aggregation_weights",
     "clipped_value_loss",
     "compute_advantages",
+    "distill_advantages",
     "get_advantage_estimator",
     "get_kl_estimator",
     "get_loss_aggregation",
     "get_off_policy_correction",
     "get_policy_loss",
     "kl_penalty",
+    "reverse_kl_per_token",
     "kl_reward_penalty",
     "off_policy_correction",
     "register_advantage",

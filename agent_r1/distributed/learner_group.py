@@ -50,6 +50,7 @@ from agent_r1.train.builders import build_learners, estimator_needs, load_config
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import MiniBatch, TokenLoss, load_policy
 from agent_r1.train.process import apply_process_settings
+from agent_r1.train.teacher import load_teacher
 
 __all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
 
@@ -125,6 +126,7 @@ class LearnerWorker:
         self.strategy: Strategy = self.learner.sync
         self.critic_strategy: Strategy | None = None if self.critic is None else self.critic.sync
         self.tokenizer = load_config_tokenizer(config)
+        self.teacher = load_teacher(config, device)  # a local distillation teacher, like the reference
         return self.rank
 
     def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int, reference: bool) -> torch.Tensor:
@@ -134,6 +136,9 @@ class LearnerWorker:
         """``Learner.update`` over this rank's shard with the driver's ``objective``; the strategy makes
         every rank take the same step."""
         return self.learner.update(mini_batch, objective, with_entropy=with_entropy)
+
+    def teacher_logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
+        return self.teacher.logprobs(micro_batches, num_tokens)
 
     def critic_values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
         return self.critic.logprobs(micro_batches, num_tokens)
@@ -313,6 +318,10 @@ class LearnerGroup:
 
     def values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
         parts = self._sharded("critic_values", micro_batches, num_tokens)
+        return torch.stack(parts).sum(0)
+
+    def teacher_logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
+        parts = self._sharded("teacher_logprobs", micro_batches, num_tokens)
         return torch.stack(parts).sum(0)
 
     def _update_refs(self, method: str, mini_batch: MiniBatch, args: tuple) -> list:

@@ -475,6 +475,36 @@ class HFEngine:
                 state[name].copy_(tensor)
         self.weight_version = version
 
+    async def prompt_logprobs(
+        self, prompt_ids: Sequence[int], top_k: int = 0
+    ) -> list[dict[int, tuple[float, int]] | None]:
+        """vLLM's prompt log-probs: for each prompt token after the first, ``{token id: (log-prob,
+        rank)}`` of the prompt token itself and the ``top_k`` most likely ones, under ``log
+        softmax(logits)`` over the full vocabulary (temperature 1, as vLLM); None for the first token.
+        One forward pass, between the scheduler's decode steps."""
+        ids = [int(t) for t in prompt_ids]
+        rejected = self._reject(tuple(ids), SamplingParams())
+        if rejected is not None:
+            raise ValueError(rejected.error)
+        return await asyncio.to_thread(self._prompt_logprobs, ids, top_k)
+
+    def _prompt_logprobs(self, ids: list[int], top_k: int) -> list[dict[int, tuple[float, int]] | None]:
+        with self._model_lock, torch.inference_mode():
+            input_ids_1T = torch.tensor([ids], device=self.device)
+            logits_TV = self.model(input_ids=input_ids_1T, use_cache=False).logits[0, :-1].float()
+        logprobs_TV = torch.log_softmax(logits_TV, dim=-1).cpu()
+        target_T = torch.tensor(ids[1:])
+        chosen_T = logprobs_TV.gather(1, target_T[:, None])[:, 0]
+        rank_T = (logprobs_TV > chosen_T[:, None]).sum(1) + 1
+        top_values_TK, top_ids_TK = logprobs_TV.topk(top_k, dim=-1) if top_k else (None, None)
+        out: list[dict[int, tuple[float, int]] | None] = [None]
+        for t in range(len(ids) - 1):
+            entry = {ids[t + 1]: (float(chosen_T[t]), int(rank_T[t]))}
+            for k in range(top_k):
+                entry.setdefault(int(top_ids_TK[t, k]), (float(top_values_TK[t, k]), k + 1))
+            out.append(entry)
+        return out
+
     def close(self) -> None:
         """Refuse new requests and end pending ones with ``ABORT``. (Not needed for cleanup: the
         scheduler thread ends by itself once idle.)"""

@@ -10,7 +10,11 @@ and to ``vllm serve`` alike:
 - ``return_token_ids: true`` adds ``token_ids`` (and ``prompt_token_ids``) to each choice;
 - ``logprobs: k`` adds ``{tokens, token_logprobs, top_logprobs, text_offset}``; with
   ``return_tokens_as_token_ids: true`` the tokens read ``"token_id:N"``;
-- vLLM's sampling extensions ``top_k``, ``stop_token_ids``, ``seed`` are honoured.
+- vLLM's sampling extensions ``top_k``, ``stop_token_ids``, ``seed`` are honoured;
+- vLLM's ``prompt_logprobs: k`` adds ``prompt_logprobs`` to each choice: None for the first prompt
+  token, then ``{"<id>": {"logprob", "rank", "decoded_token"}}`` holding the prompt token and the k
+  most likely, under the engine's ``log softmax(logits)`` (temperature 1, as vLLM; engines with a
+  ``prompt_logprobs`` hook: ``HFEngine``).
 
 Log-probs are the engine's (``log softmax(logits / temperature)``, ``agent_r1.types``). Deviation:
 ``top_logprobs`` holds only the sampled token (engines return no alternatives). Streaming, ``echo``
@@ -200,6 +204,10 @@ class _Handlers:
             raise BadRequest(f"'logprobs' must be >= 0, got {logprobs_k}")
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         with_ids = bool(body.get("return_token_ids"))
+        prompt_k = field(body, "prompt_logprobs", int)
+        scored = None
+        if prompt_k is not None:  # vLLM's extension: the prompt's own log-probs (a teacher's signal)
+            scored = await self._prompt_logprobs(prompts, prompt_k, as_ids)
         completions = await self._generate(prompts, n, params)
         choices = []
         for index, c in enumerate(completions):
@@ -225,6 +233,8 @@ class _Handlers:
             if with_ids:
                 choice["token_ids"] = list(c.token_ids)
                 choice["prompt_token_ids"] = prompts[index // n]
+            if scored is not None:
+                choice["prompt_logprobs"] = scored[index // n]
             choices.append(choice)
         prompt_tokens = sum(len(p) for p in prompts)
         completion_tokens = sum(len(c.token_ids) for c in completions)
@@ -240,6 +250,39 @@ class _Handlers:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+
+    async def _prompt_logprobs(self, prompts: list[list[int]], k: int, as_ids: bool) -> list[list]:
+        """vLLM's ``prompt_logprobs`` of each prompt: None, then ``{"<id>": {logprob, rank,
+        decoded_token}}`` per token (the token itself and the ``k`` most likely)."""
+        if k < 0:
+            raise BadRequest(f"'prompt_logprobs' must be >= 0, got {k}")
+        score = getattr(self.engine, "prompt_logprobs", None)
+        if score is None:
+            raise BadRequest(
+                f"'prompt_logprobs': this server's engine ({type(self.engine).__name__}) cannot score prompts"
+            )
+        out = []
+        for ids in prompts:
+            try:
+                entries = await score(ids, k)
+            except ValueError as error:
+                raise BadRequest(f"'prompt_logprobs': {error}") from None
+            out.append(
+                [
+                    None
+                    if entry is None
+                    else {
+                        str(t): {
+                            "logprob": lp,
+                            "rank": rank,
+                            "decoded_token": self._token_strings([t], as_ids)[0],
+                        }
+                        for t, (lp, rank) in entry.items()
+                    }
+                    for entry in entries
+                ]
+            )
+        return out
 
     async def chat_completions(self, body: dict) -> dict:
         self._need_tokenizer("chat completions")

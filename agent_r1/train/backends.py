@@ -105,6 +105,9 @@ class LearnerBackend(Protocol):
     def values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> Tensor:
         """The critic's values (num_tokens,)."""
 
+    def teacher_logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> Tensor:
+        """The local distillation teacher's log-probs (num_tokens,) (``agent_r1.train.teacher``)."""
+
     def update_critic(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict: ...
 
     def weights(self) -> Any:
@@ -262,8 +265,10 @@ class LocalLearner:
     """The policy's ``Learner`` (and the critic's) in this process; checkpoints via
     ``agent_r1.train.checkpoint`` (the critic's state rides in the trainer state)."""
 
-    def __init__(self, policy: Learner, critic: Learner | None, *, tokenizer, keep_checkpoints: int) -> None:
-        self.policy, self.critic = policy, critic
+    def __init__(
+        self, policy: Learner, critic: Learner | None, *, tokenizer, keep_checkpoints: int, teacher=None
+    ) -> None:
+        self.policy, self.critic, self.teacher = policy, critic, teacher
         self.tokenizer, self.keep_checkpoints = tokenizer, keep_checkpoints
         self.has_critic = critic is not None
 
@@ -282,6 +287,9 @@ class LocalLearner:
 
     def update_critic(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict:
         return self.critic.update(mini_batch, objective)
+
+    def teacher_logprobs(self, micro_batches, num_tokens: int) -> Tensor:
+        return self.teacher.logprobs(micro_batches, num_tokens)
 
     def weights(self) -> Callable[[], list[tuple[str, Tensor]]]:
         model = self.policy.model
@@ -415,12 +423,19 @@ def local_rollout(
 
 
 def local_learner(config, tokenizer, model, device) -> LocalLearner:
-    """The in-process learner backend: ``model``'s Learner (with the reference for the KL term) and,
-    for estimators that read values, a critic."""
+    """The in-process learner backend: ``model``'s Learner (with the reference for the KL term), for
+    estimators that read values a critic, and a local distillation teacher (``algorithm.distill``)."""
     from agent_r1.train.builders import build_learners
+    from agent_r1.train.teacher import load_teacher
 
     policy, critic = build_learners(config, model, device)
-    return LocalLearner(policy, critic, tokenizer=tokenizer, keep_checkpoints=config.trainer.keep_checkpoints)
+    return LocalLearner(
+        policy,
+        critic,
+        tokenizer=tokenizer,
+        keep_checkpoints=config.trainer.keep_checkpoints,
+        teacher=load_teacher(config, device),
+    )
 
 
 # ---------------------------------------------------------------------------------- assembly
@@ -484,7 +499,9 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
 
     model = replace(config.model, path=local(config.model.path), tokenizer=local(config.model.tokenizer))
     trainer = replace(config.trainer, run_dir=str(Path(config.trainer.run_dir).resolve()))
-    return replace(config, model=model, trainer=trainer)
+    distill = replace(config.algorithm.distill, teacher=local(config.algorithm.distill.teacher))
+    algorithm = replace(config.algorithm, distill=distill)
+    return replace(config, model=model, trainer=trainer, algorithm=algorithm)
 
 
 def backend_config(config: TrainConfig, parts: BackendParts | None = None) -> TrainConfig:
@@ -520,8 +537,11 @@ def make_backends(
 
     ``model`` / ``engine`` / ``flow`` / ``eval_flow`` / ``env_factory``: parts built by the caller that
     replace the configured ones (in this process only). ``with_eval``: build the evaluation flow."""
+    from agent_r1.train.teacher import check_teacher
+
     parts = BackendParts(model, engine, flow, eval_flow, env_factory, with_eval, runtime_env)
     config = backend_config(config, parts)
+    check_teacher(config, tokenizer)  # before any model loads
     module, _, function = BACKENDS[config.distributed.backend].build.partition(":")
     return getattr(importlib.import_module(module), function)(config, tokenizer, parts)
 

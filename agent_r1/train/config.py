@@ -49,6 +49,7 @@ __all__ = [
     "AlgorithmConfig",
     "ConfigError",
     "DataConfig",
+    "DistillConfig",
     "DistributedConfig",
     "EnvConfig",
     "LoggingConfig",
@@ -222,6 +223,47 @@ class EnvConfig:
     kwargs: dict[str, Any] = _opt({}, "Keyword arguments for the environment factory.")
 
 
+def _teacher_device(x: str) -> str | None:
+    if x in ("learner", "cpu", "cuda") or (x.startswith("cuda:") and x[5:].isdigit()):
+        return None
+    return f"must be 'learner', 'cpu', 'cuda' or 'cuda:N', got {x!r}"
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """On-policy distillation (``agent_r1.algos.distill``; docs/algorithms.md): each action token the
+    policy sampled gets ``-coef * (log p_student - log p_teacher)`` added to its advantage."""
+
+    teacher: str = _opt(
+        "",
+        "The teacher: a local Hugging Face model folder sharing the policy's tokenizer (any size or "
+        "architecture), or the base URL (http://host:port/v1) of an OpenAI-compatible server that "
+        "returns prompt log-probs on /v1/completions (vLLM's prompt_logprobs, agent-r1 serve). "
+        "Empty: no distillation.",
+    )
+    teacher_model: str | None = _opt(
+        None, "Server teacher: the model name sent with each request; None: the server's first model."
+    )
+    api_key_env: str | None = _opt(
+        None, "Server teacher: the environment variable holding its API key (sent as a Bearer token)."
+    )
+    device: str = _opt(
+        "learner",
+        "Local teacher: 'learner' (the learner's device, like the reference model; on Ray each learner "
+        "worker's) or a device of its own ('cpu', 'cuda', 'cuda:N'; in one process only).",
+        _teacher_device,
+    )
+    coef: float = _opt(
+        1.0, "Weight of the per-token reverse-KL advantage -(log p_student - log p_teacher).", _positive
+    )
+    reward_weight: float = _opt(
+        0.0,
+        "Weight of the estimator's advantages from the env's rewards, to which the distillation term "
+        "is added: 0 distils alone, 1 adds it to the RL advantage.",
+        _non_negative,
+    )
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """Each algorithm concept is one section whose fields are documented once, in the dataclass of
@@ -262,6 +304,7 @@ class AlgorithmConfig:
         "Where PPO's old log-probs come from: the learner's recomputation before the update, or "
         "the sampler's own log-probs.",
     )
+    distill: DistillConfig = _opt(DistillConfig(), "On-policy distillation from a teacher (DistillConfig).")
 
 
 @dataclass(frozen=True)
@@ -624,11 +667,30 @@ def _check_cross_field(config: TrainConfig) -> None:
             "(tis, mis_step, mis_trajectory or icepop: weights against the sampler) or "
             "algorithm.old_logprobs: sampler",
         )
+    _check_distill(algo)
     if algo.off_policy.name != "none" and algo.old_logprobs == "sampler":
         raise ConfigError(
             "algorithm.off_policy.name",
             "corrects the learner's old log-probs against the sampler's, but algorithm.old_logprobs: "
             "sampler makes them the same (every weight 1): use old_logprobs: learner",
+        )
+
+
+def _check_distill(algo: AlgorithmConfig) -> None:
+    distill = algo.distill
+    server = distill.teacher.startswith(("http://", "https://"))
+    for key in ("teacher_model", "api_key_env"):
+        if getattr(distill, key) is not None and not server:
+            raise ConfigError(
+                f"algorithm.distill.{key}", "applies to a server teacher: algorithm.distill.teacher is no URL"
+            )
+    if server and distill.device != "learner":
+        raise ConfigError("algorithm.distill.device", "applies to a local teacher; this one is a server")
+    if distill.teacher and algo.dynamic_filter and distill.reward_weight == 0:
+        raise ConfigError(
+            "algorithm.dynamic_filter",
+            "drops the groups whose rewards agree, but distillation alone (algorithm.distill."
+            "reward_weight: 0) learns from every sample: set dynamic_filter: false",
         )
 
 

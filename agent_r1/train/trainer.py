@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from agent_r1.algos import compute_advantages, kl_reward_penalty, off_policy_correction
+from agent_r1.algos import compute_advantages, distill_advantages, kl_reward_penalty, off_policy_correction
 from agent_r1.flows.base import AgentFlow
 from agent_r1.report.annotate import annotate
 from agent_r1.report.html import write_finished_report
@@ -85,6 +85,7 @@ from agent_r1.train.summary import (
     summarize_rollout,
     trajectory_success,
 )
+from agent_r1.train.teacher import is_server, server_teacher_logprobs
 from agent_r1.train.update import ppo_update
 from agent_r1.types import Task, TrajectoryGroup
 
@@ -288,6 +289,8 @@ class Trainer:
                     batch = self.values(batch)
                 with timer("advantage"):
                     batch = self.advantages(batch)
+                with timer("teacher"):
+                    batch = self.distill(batch, metrics)
                 with timer("update"):
                     self.rollouts.sleep()  # one GPU: the engine frees its memory for the update
                     metrics.update(self.update(batch, step), **correction_metrics)
@@ -492,6 +495,34 @@ class Trainer:
         output = compute_advantages(table, self.config.algorithm.advantage)
         returns = output.returns[batch.valid_NL] if self.learner.has_critic else None
         return batch.with_tokens(advantages=output.advantages[batch.valid_NL], returns=returns)
+
+    def distill(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
+        """Phase 9b (``algorithm.distill``, on-policy distillation): the teacher's log-probs of the
+        sampled tokens (``agent_r1.train.teacher``: the learner's local teacher over the packed
+        micro-batches, or a server scoring each step's prompt + response), and ``-coef`` x the
+        per-token reverse KL against the sampler's log-probs (each step's own policy version) added
+        to the advantages (``agent_r1.algos.distill``); logs ``distill/reverse_kl``, its mean per
+        action token."""
+        distill = self.config.algorithm.distill
+        if not distill.teacher:
+            return batch
+        tokens = batch.tokens
+        if is_server(distill):
+            teacher_T = server_teacher_logprobs(
+                distill, batch.rows.steps, batch.rows.offsets, batch.num_tokens
+            )
+        else:
+            teacher_T = self.learner.teacher_logprobs(batch.all_micro_batches, batch.num_tokens)
+        advantages_T, rkl_T = distill_advantages(
+            tokens.advantages,
+            tokens.sampler_logprobs,
+            teacher_T,
+            tokens.mask,
+            coef=distill.coef,
+            reward_weight=distill.reward_weight,
+        )
+        metrics["distill/reverse_kl"] = float(rkl_T.sum() / tokens.mask.sum().clamp(min=1))
+        return batch.with_tokens(teacher_logprobs=teacher_T, advantages=advantages_T)
 
     def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
         """Phase 10: PPO's epochs over the step's mini-batches (``agent_r1.train.update``)."""

@@ -103,7 +103,7 @@ def main() -> None:
                 "logging": {"progress": False},
             }
         )
-        trainer = Trainer(config, tokenizer=tokenizer, model=model, train_tasks=[{"question": "1+1"}])
+        trainer = Trainer(config, tokenizer=tokenizer, model=model, train_tasks=arithmetic.make_dataset(1))
         trainer.learner = NoModelLearner(trainer.learner)
         seconds: dict[str, list[float]] = {"prepare": [], "advantage": [], "update": []}
         for _ in range(repeats):

@@ -1,5 +1,5 @@
-"""Issue 43 on Ray: ``trainer.deterministic`` reruns bitwise, and the driver's SIGTERM mid-rollout
-checkpoints, exits 4 and resumes bitwise (``tests/test_deterministic.py`` has the single-process
+"""Issue 43 on Ray: ``trainer.deterministic`` reruns bitwise, the driver's SIGTERM mid-rollout
+checkpoints, exits 4 and resumes bitwise, and a driver killed mid-update resumes bitwise (``tests/test_deterministic.py`` has the single-process
 tier). Each run is an ``agent-r1 train`` process that starts its own local Ray cluster: two rollout
 actors (whose engines see turns arrive in a timing-dependent order, ``JitteryLowByteEnv``) and one
 learner worker."""
@@ -56,5 +56,23 @@ def test_sigterm_to_the_ray_driver_checkpoints_and_resumes_bitwise(
     out = _finish(process, code=4)
     assert "preempted by SIGTERM" in out
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step_{saved:06d}"]
+    _finish(_start(config, run, "--resume"))
+    assert _differences(ray_reference, run) == []
+
+
+def test_sigkill_of_the_ray_driver_mid_update_then_resume_is_bitwise_equal(
+    ray_reference, tmp_path, tiny_checkpoint
+):
+    """The driver killed outright while its learner worker is inside step 3's update (paused there):
+    the Ray cluster the driver started goes with it, and ``--resume`` from checkpoint 2 ends where
+    the uninterrupted run ended, to the bit."""
+    config = _ray_config(tmp_path, tiny_checkpoint)
+    marker = tmp_path / "at-update"
+    run = tmp_path / "run"
+    process = _start(config, run, env={"AGENT_R1_UPDATE_DELAY": f"3:120:{marker}"})
+    _wait_for(marker, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (run / "checkpoints" / "step_000003").exists()
     _finish(_start(config, run, "--resume"))
     assert _differences(ray_reference, run) == []

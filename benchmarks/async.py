@@ -193,7 +193,9 @@ def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
 
         def env_factory():
             if task == "latency":
-                return LatencyArithmeticEnv(tokenizer, median=args.latency_median, seed=args.seed, counts=counts)
+                return LatencyArithmeticEnv(
+                    tokenizer, median=args.latency_median, seed=args.seed, counts=counts
+                )
             return make_env(tokenizer, "append")
     else:
         train_tasks = longtail_tasks(4000, args.seed)
@@ -236,7 +238,9 @@ def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
     samples = args.eval_tasks * quickstart.EVAL_SAMPLES
     overlap = overlap_fraction(phase_timeline([{**r, "step": i + 1} for i, r in enumerate(rows)]))
     phases = ("rollout", "reference", "update", "sync")
-    engine = {part: sum(r.get(f"time/engine_{part}", 0.0) for r in rows) for part in ("prefill", "decode", "idle")}
+    engine = {
+        part: sum(r.get(f"time/engine_{part}", 0.0) for r in rows) for part in ("prefill", "decode", "idle")
+    }
     engine_s = sum(engine.values())
     return {
         "busy": (engine["prefill"] + engine["decode"]) / engine_s if engine_s else float("nan"),
@@ -316,7 +320,10 @@ def print_latency_table(runs: dict[str, list[dict]]) -> str:
         ("engine busy fraction", lambda r: r["busy"], 2),
         ("s/step a trajectory waited on tools", lambda r: r["env_wait"], 2),
         ("update time beside a rollout", lambda r: r["overlap"], 2),
-        *((f"s/step in {p}", (lambda r, p=p: r["phase_seconds"][p]), 2) for p in ("rollout", "update", "sync")),
+        *(
+            (f"s/step in {p}", (lambda r, p=p: r["phase_seconds"][p]), 2)
+            for p in ("rollout", "update", "sync")
+        ),
     ]
     arms = list(runs)
     print("| figure | " + " | ".join(arms) + " |")
@@ -353,7 +360,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument(
-        "--latency", action="store_true", help=f"the latency task, arms {', '.join(LATENCY_ARMS)} (unless --arms)"
+        "--latency",
+        action="store_true",
+        help=f"the latency task, arms {', '.join(LATENCY_ARMS)} (unless --arms)",
     )
     parser.add_argument("--latency-median", type=float, default=0.5, help="median seconds of a tool call")
     parser.add_argument("--seeds", default=None, help="comma-separated RL seeds (--latency: default 0,1,2)")
@@ -362,7 +371,9 @@ def main() -> None:
         args.task = "latency"
         if args.arms == ",".join(DEFAULT_ARMS):
             args.arms = ",".join(LATENCY_ARMS)
-    seeds = [int(x) for x in (args.seeds or ("0,1,2" if args.task == "latency" else str(args.seed))).split(",")]
+    seeds = [
+        int(x) for x in (args.seeds or ("0,1,2" if args.task == "latency" else str(args.seed))).split(",")
+    ]
     if args.quick:
         args.minutes, args.sft_demos, args.sft_epochs, args.eval_tasks = 0.1, 64, 1, 8
         args.tasks_per_step, args.group_size = 4, 2
@@ -413,7 +424,9 @@ def main() -> None:
     )
     for task in tasks:
         if task == "latency":
-            print(f"tool latency: log-normal, median {args.latency_median:g} s, sigma {LATENCY_SIGMA:g}; seeds {seeds}")
+            print(
+                f"tool latency: log-normal, median {args.latency_median:g} s, sigma {LATENCY_SIGMA:g}; seeds {seeds}"
+            )
             closing = print_latency_table(latency_runs)
             print(f"\n{closing}")
         else:

@@ -104,7 +104,11 @@ def model_flops(model, micro_batches) -> float:
         for row in mb.position_ids_BT:  # sequences restart their positions at 0
             starts = (row == 0).nonzero().flatten().tolist() + [len(row)]
             squares += sum((b - a) ** 2 for a, b in zip(starts, starts[1:], strict=False))
-    return 6 * body * tokens + 6 * hidden * vocab * scored + 6 * config.num_hidden_layers * attention_dim * squares
+    return (
+        6 * body * tokens
+        + 6 * hidden * vocab * scored
+        + 6 * config.num_hidden_layers * attention_dim * squares
+    )
 
 
 def mini_batch(trajs: list[Trajectory], micro_batch_tokens: int) -> MiniBatch:
@@ -115,7 +119,9 @@ def mini_batch(trajs: list[Trajectory], micro_batch_tokens: int) -> MiniBatch:
     tokens = TokenFields(
         mask=mask,
         step_ids=step_ids,
-        traj_ids=torch.tensor([t for t, traj in enumerate(trajs) for s in traj.steps for _ in s.response_ids]),
+        traj_ids=torch.tensor(
+            [t for t, traj in enumerate(trajs) for s in traj.steps for _ in s.response_ids]
+        ),
         sampler_logprobs=torch.full((n,), -2.0),
         old_logprobs=torch.full((n,), -2.0),
         advantages=torch.linspace(-1, 1, n),
@@ -159,7 +165,9 @@ def measure(name: str, args, workdir: Path, peak: float) -> list[tuple[str, str,
         model.zero_grad(set_to_none=True)
 
     bare = model_flops(model, [first]) / timed(forward_backward, args.repeats)
-    rows.append((f"{name}: bare forward + backward", f"{bare / 1e9:.2f} GFLOP/s", f"{bare / peak:.0%} of peak"))
+    rows.append(
+        (f"{name}: bare forward + backward", f"{bare / 1e9:.2f} GFLOP/s", f"{bare / peak:.0%} of peak")
+    )
 
     learner = Learner(model, config.trainer, temperature=1.0, total_optimizer_steps=10 * (args.repeats + 1))
     objective = policy_objective(config)
@@ -170,7 +178,10 @@ def measure(name: str, args, workdir: Path, peak: float) -> list[tuple[str, str,
 
     seconds = timed(update, args.repeats)
     achieved = flops / seconds
-    parts = {k: statistics.median(s[f"time/{k}"] for s in splits[1:]) for k in ("learner_forward", "learner_backward", "optimizer")}
+    parts = {
+        k: statistics.median(s[f"time/{k}"] for s in splits[1:])
+        for k in ("learner_forward", "learner_backward", "optimizer")
+    }
     rest = max(seconds - sum(parts.values()), 0.0)
     rows.append(
         (
@@ -191,7 +202,9 @@ def main() -> None:
     parser.add_argument("--mm-size", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per optimizer step")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
-    parser.add_argument("--seq-len", type=int, default=None, help="per sequence (default 256 tiny, 512 SmolLM2)")
+    parser.add_argument(
+        "--seq-len", type=int, default=None, help="per sequence (default 256 tiny, 512 SmolLM2)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     args = parser.parse_args()

@@ -208,7 +208,9 @@ def test_async_latency_quick():
     busy = [float(c) for c in table_row(out, "engine busy fraction")[1:]]
     assert all(0.0 < b <= 1.0 for b in busy), busy
     last = out.strip().splitlines()[-1]
-    assert re.fullmatch(r"latency-bound: async \d+\.\d\dx sync steps per minute \(async(-whole)?\)", last), last
+    assert re.fullmatch(r"latency-bound: async \d+\.\d\dx sync steps per minute \(async(-whole)?\)", last), (
+        last
+    )
 
 
 def test_learner_flops_quick():
@@ -220,7 +222,9 @@ def test_learner_flops_quick():
     for label in ("quickstart: bare forward + backward", "quickstart: learner update"):
         row = table_row(out, label)
         assert is_number(row[1].split(" ")[0]) and re.match(r"\d+% of peak", row[2]), row
-    assert re.search(r"forward [\d.]+, backward [\d.]+, optimizer [\d.]+", table_row(out, "quickstart: learner update")[2])
+    assert re.search(
+        r"forward [\d.]+, backward [\d.]+, optimizer [\d.]+", table_row(out, "quickstart: learner update")[2]
+    )
 
 
 def test_gpu_quick_on_cpu(tmp_path):

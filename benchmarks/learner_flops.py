@@ -11,6 +11,10 @@ matrix-multiply peak, on the same cores, in the same run.
   forward, loss, backward, clipping, AdamW. Its own ``time/learner_*`` seconds say where the time
   goes.
 
+The process keeps freed memory (``trainer.retain_freed_memory``, as the quickstart's settings do;
+``--no-retain-freed-memory`` measures glibc's default, which returns it to the kernel and pays page
+faults on reuse).
+
 Model FLOPs, as ``benchmarks/gpu.py`` counts them for MFU, plus attention: 6 x N x tokens for the N
 non-embedding parameters, 6 x hidden x vocab per scored token (the LM head runs on scored positions
 only), and causal attention's 6 x layers x (heads x head_dim) x T^2 per packed sequence of T tokens
@@ -46,6 +50,7 @@ from agent_r1.train.batching import build_sequences, make_micro_batches, step_ro
 from agent_r1.train.builders import policy_objective
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.learner import Learner, MiniBatch, micro_batch_logprobs
+from agent_r1.train.process import apply_process_settings
 from agent_r1.types import Step, Trajectory
 
 MODELS = ("quickstart", "smollm2")
@@ -207,6 +212,12 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    parser.add_argument(
+        "--retain-freed-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="trainer.retain_freed_memory (default: on, as in the quickstart)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.mm_size, args.tokens, args.micro_batch_tokens, args.repeats = 512, 1024, 512, 1
@@ -215,7 +226,10 @@ def main() -> None:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
-    torch.set_num_threads(args.threads)
+    process = config_from_dict(
+        {"trainer": {"torch_threads": args.threads, "retain_freed_memory": args.retain_freed_memory}}
+    )
+    apply_process_settings(process.trainer)
     torch.manual_seed(0)
     progress(f"peak: torch.mm {args.mm_size}x{args.mm_size} fp32, {args.threads} threads")
     peak = mm_peak(args.mm_size, max(args.repeats, 3))
@@ -230,6 +244,7 @@ def main() -> None:
     load = os.getloadavg()
     print(
         f"machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
+        f"retain_freed_memory {args.retain_freed_memory}, "
         f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
     )
     print("| measurement | value | note |")

@@ -66,7 +66,7 @@ ENGINE_PARTS = ("engine_prefill", "engine_decode", "engine_idle")
 """``time/*`` keys of the engine's bar in the per-step breakdown (its seconds since the previous step)."""
 LEARNER_PARTS = ("learner_forward", "learner_backward", "optimizer")
 """``time/*`` keys of the learner's bar; the rest of the step fills it (``time_breakdown``)."""
-_LEARNING_PHASES = ("batch", "old_logprobs", "reference", "values", "advantage", "update")
+_LEARNING_PHASES = ("batch", "old_logprobs", "reference", "values", "advantage", "teacher", "update")
 _BREAKDOWN_KEYS = frozenset(f"time/{part}" for part in ENGINE_PARTS + LEARNER_PARTS)  # bars, not curves
 
 
@@ -199,7 +199,7 @@ def time_breakdown(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     evaluation between steps included). The learner's is the step itself, ``time/step`` in all:
     waiting for the rollout (the rollout, score and filter phases: in async mode the wait for the
     rollout in flight), the update's forward, backward and optimizer seconds, the other learning
-    phases (batch, old log-probs, reference, values, advantages and the update's rest), then the
+    phases (batch, old log-probs, reference, values, advantages, teacher and the update's rest), then the
     weight sync. Rows without the engine's or learner's seconds (older runs) are left out."""
     rows = []
     for row in metrics:

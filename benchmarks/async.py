@@ -11,6 +11,9 @@ scheduled differs):
 - ``async-ray``: the same loop on Ray on this machine: one rollout actor and one learner worker, each
   a process of its own at 1 torch thread (weights through the object store after every update).
 
+- ``async-whole``: ``trainer.mode: async`` in one process without partial rollouts (a rollout keeps
+  the weights it started with; ``trainer.max_staleness: 1``).
+
 Tasks:
 
 - ``quickstart``: the quickstart's two-call calculator task (``agent_r1/commands/quickstart.py``),
@@ -18,11 +21,18 @@ Tasks:
 - ``longtail``: a token-level task whose episodes last 1-8 turns, drawn with P(k) ~ 1/k (a long tail
   of turn counts: a rollout lasts as long as its longest episode); each response earns the fraction
   of its tokens in the lower half of the byte vocabulary; success = mean reward > 0.75. The tiny
-  model starts from random weights (about 0.5).
+  model starts from random weights (about 0.5);
+- ``latency`` (``--latency``): the quickstart task, but every calculator call really waits (an
+  ``asyncio.sleep``: the trajectory waits, the engine may serve others) for a seeded log-normal time,
+  median ``--latency-median`` s (0.5) and sigma 1 (p99 = 10.2x the median: 5.1 s), like a search API or
+  a sandbox. Arms sync, async-whole and async over ``--seeds`` (default 0,1,2; the warm start once,
+  with the first), figures as mean and range over the seeds; the last line reads
+  ``latency-bound: async N.NNx sync steps per minute`` for the async arm with the most steps per minute.
 
 For each (task, arm): held-out success before and after (``--eval-tasks`` tasks, sampled, with its
 standard error), RL steps finished in ``--minutes`` of wall clock and steps per minute, sampled tokens
-per second, staleness (mean and max policy versions a trained step lagged), the fraction of update
+per second, the engine's busy fraction (``time/engine_*``: prefill and decode over its whole time),
+staleness (mean and max policy versions a trained step lagged), the fraction of update
 time a rollout ran beside it (``agent_r1.report.html.overlap_fraction``), and each phase's time.
 Ratios are against the faster sync arm, measured in the same run. Only ratios inside one run are
 meaningful on a shared machine.
@@ -30,11 +40,13 @@ meaningful on a shared machine.
     python benchmarks/async.py                  # both tasks, 2 minutes of RL per arm
     python benchmarks/async.py --task longtail --minutes 4
     python benchmarks/async.py --quick          # a smoke run (used by the test suite)
+    python benchmarks/async.py --latency        # latency-bound tools: sync vs async, 3 seeds
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import math
 import os
@@ -59,6 +71,7 @@ from agent_r1.models.loading import save_model
 from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
 from agent_r1.report.html import overlap_fraction, phase_timeline
 from agent_r1.tasks import get_task
+from agent_r1.tasks.arithmetic import ArithmeticEnv
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Action, Observation, StepResult
@@ -70,10 +83,37 @@ ARMS = {
     "async": ("async", 1, "none"),
     "async-ray": ("async", 1, "ray"),
     "sync-ray": ("sync", 1, "ray"),  # not run by default: the Ray baseline of async-ray
+    "async-whole": ("async", 1, "none"),  # without partial rollouts
 }
 DEFAULT_ARMS = ("sync", "sync-1t", "async", "async-ray")
+LATENCY_ARMS = ("sync", "async-whole", "async")
 BENCHMARKS = Path(__file__).resolve().parent
-TASKS = ("quickstart", "longtail")
+TASKS = ("quickstart", "longtail", "latency")
+LATENCY_SIGMA = 1.0  # log-normal: p99 = median * exp(2.326 * sigma) = 10.2x the median
+
+
+class LatencyArithmeticEnv(ArithmeticEnv):
+    """The quickstart's calculator env whose every calculator call takes a seeded log-normal time of
+    real waiting (``asyncio.sleep``, so other trajectories and the engine carry on meanwhile).
+
+    The draws of one trajectory are seeded by (seed, task id, the how-many-th env of that task, call
+    number), so a rerun waits the same times whatever the scheduling."""
+
+    def __init__(self, tokenizer, *, median: float, seed: int, counts: dict, **kwargs) -> None:
+        super().__init__(tokenizer, max_turns=get_task("arithmetic").max_turns, **kwargs)
+        self.median, self.seed, self.counts = median, seed, counts
+
+    async def reset(self, task):
+        key = str(task["id"])
+        self.rng = random.Random(f"{self.seed}:{key}:{self.counts.get(key, 0)}")
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return await super().reset(task)
+
+    async def step(self, action):
+        result = await super().step(action)
+        for _ in range(result.info["tool_counts"]["calls"]):  # one call after another (ans chains them)
+            await asyncio.sleep(self.median * math.exp(LATENCY_SIGMA * self.rng.gauss(0.0, 1.0)))
+        return result
 
 
 class LongTailEnv(AgentEnv):
@@ -128,6 +168,8 @@ def arm_config(task: str, arm: str, threads: int, args, run_dir: Path, model_pat
     if mode == "async":
         settings["trainer"]["mode"] = "async"
         settings["rollout"]["share_model"] = False
+    if arm == "async-whole":
+        settings["trainer"].update(partial_rollouts=False, max_staleness=1)
     if backend == "ray":  # the actors build model, engine and env from the config
         settings["model"] = {"path": str(model_path)}
         settings["distributed"] = {"backend": "ray", "num_rollout_actors": 1, "num_learner_workers": 1}
@@ -143,12 +185,17 @@ def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
     _, threads, backend = ARMS[arm]
     threads = threads or args.sync_threads
     torch.set_num_threads(threads)
-    if task == "quickstart":
+    if task in ("quickstart", "latency"):
         spec = get_task("arithmetic")
         train_tasks = spec.make_dataset(4000, split="train", seed=args.seed)
         heldout = spec.make_dataset(args.eval_tasks, split="test", seed=args.seed)
+        counts: dict = {}
 
         def env_factory():
+            if task == "latency":
+                return LatencyArithmeticEnv(
+                    tokenizer, median=args.latency_median, seed=args.seed, counts=counts
+                )
             return make_env(tokenizer, "append")
     else:
         train_tasks = longtail_tasks(4000, args.seed)
@@ -191,7 +238,13 @@ def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
     samples = args.eval_tasks * quickstart.EVAL_SAMPLES
     overlap = overlap_fraction(phase_timeline([{**r, "step": i + 1} for i, r in enumerate(rows)]))
     phases = ("rollout", "reference", "update", "sync")
+    engine = {
+        part: sum(r.get(f"time/engine_{part}", 0.0) for r in rows) for part in ("prefill", "decode", "idle")
+    }
+    engine_s = sum(engine.values())
     return {
+        "busy": (engine["prefill"] + engine["decode"]) / engine_s if engine_s else float("nan"),
+        "env_wait": sum(r.get("time/env_wait", 0.0) for r in rows) / len(rows),
         "threads": threads,
         "before": before,
         "after": after,
@@ -225,6 +278,7 @@ def print_table(task: str, results: dict[str, dict]) -> None:
         ("RL steps in budget", lambda r: f"{r['steps']}", None),
         ("steps / min", lambda r: f"{r['steps_per_min']:.2f}", "steps_per_min"),
         ("sampled tokens / s", lambda r: f"{r['tokens_per_s']:.0f}", "tokens_per_s"),
+        ("engine busy fraction", lambda r: f"{r['busy']:.2f}", None),
         ("staleness mean / max", lambda r: f"{r['staleness_mean']:.2f}/{r['staleness_max']:.0f}", None),
         ("update time beside a rollout", lambda r: f"{r['overlap']:.0%}", None),
         *(
@@ -245,6 +299,50 @@ def print_table(task: str, results: dict[str, dict]) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+def _spread(values: list[float], digits: int) -> str:
+    """The mean over seeds, and their range when there are several."""
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
+
+
+def print_latency_table(runs: dict[str, list[dict]]) -> str:
+    """The latency-bound arms over the seeds (mean [min, max]); returns the closing line."""
+    means = {arm: sum(r["steps_per_min"] for r in rs) / len(rs) for arm, rs in runs.items()}
+    print(f"\n## latency (mean [min, max] over {len(next(iter(runs.values())))} seeds; ratios against sync)")
+    columns = [
+        ("held-out success before", lambda r: r["before"], 3),
+        ("held-out success after", lambda r: r["after"], 3),
+        ("RL steps in budget", lambda r: r["steps"], 1),
+        ("steps / min", lambda r: r["steps_per_min"], 2),
+        ("sampled tokens / s", lambda r: r["tokens_per_s"], 0),
+        ("engine busy fraction", lambda r: r["busy"], 2),
+        ("s/step a trajectory waited on tools", lambda r: r["env_wait"], 2),
+        ("update time beside a rollout", lambda r: r["overlap"], 2),
+        *(
+            (f"s/step in {p}", (lambda r, p=p: r["phase_seconds"][p]), 2)
+            for p in ("rollout", "update", "sync")
+        ),
+    ]
+    arms = list(runs)
+    print("| figure | " + " | ".join(arms) + " |")
+    print("|---|" + "---|" * len(arms))
+    for name, value, digits in columns:
+        cells = []
+        for arm in arms:
+            cell = _spread([value(r) for r in runs[arm]], digits)
+            if name == "steps / min" and arm != "sync" and means.get("sync"):
+                cell += f" ({means[arm] / means['sync']:.2f}x)"
+            cells.append(cell)
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    asyncs = [a for a in arms if ARMS[a][0] == "async"]
+    if not asyncs or not means.get("sync"):
+        return "latency-bound: no sync and async arm to compare"
+    best = max(asyncs, key=means.__getitem__)
+    return f"latency-bound: async {means[best] / means['sync']:.2f}x sync steps per minute ({best})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", choices=(*TASKS, "both"), default="both")
@@ -261,21 +359,39 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument(
+        "--latency",
+        action="store_true",
+        help=f"the latency task, arms {', '.join(LATENCY_ARMS)} (unless --arms)",
+    )
+    parser.add_argument("--latency-median", type=float, default=0.5, help="median seconds of a tool call")
+    parser.add_argument("--seeds", default=None, help="comma-separated RL seeds (--latency: default 0,1,2)")
     args = parser.parse_args()
+    if args.latency:
+        args.task = "latency"
+        if args.arms == ",".join(DEFAULT_ARMS):
+            args.arms = ",".join(LATENCY_ARMS)
+    seeds = [
+        int(x) for x in (args.seeds or ("0,1,2" if args.task == "latency" else str(args.seed))).split(",")
+    ]
     if args.quick:
         args.minutes, args.sft_demos, args.sft_epochs, args.eval_tasks = 0.1, 64, 1, 8
         args.tasks_per_step, args.group_size = 4, 2
+        args.latency_median = min(args.latency_median, 0.05)
+        seeds = seeds[:1] if args.seeds is None else seeds
+    args.seed = seeds[0]
     arms = args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         parser.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
-    tasks = TASKS if args.task == "both" else (args.task,)
+    tasks = ("quickstart", "longtail") if args.task == "both" else (args.task,)
 
     tokenizer = build_tiny_tokenizer()
     models = {}
-    if "quickstart" in tasks:
-        progress(f"warm start: {args.sft_demos} demonstrations x {args.sft_epochs} epochs")
-        models["quickstart"] = warm_starts(tokenizer, args, ("append",))["append"][0]
+    for task in ("quickstart", "latency"):
+        if task in tasks:
+            progress(f"warm start: {args.sft_demos} demonstrations x {args.sft_epochs} epochs")
+            models[task] = warm_starts(tokenizer, args, ("append",))["append"][0]
     if "longtail" in tasks:
         models["longtail"] = build_tiny_model(
             len(tokenizer),
@@ -284,12 +400,18 @@ def main() -> None:
             seed=args.seed,
         )
     results: dict[str, dict[str, dict]] = {}
+    latency_runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory(prefix="async_") as tmp:
         for task in tasks:
             results[task] = {}
-            for arm in arms:
-                progress(f"{task}: {arm} for {args.minutes:g} min")
-                results[task][arm] = run_arm(task, arm, tokenizer, models[task], args, Path(tmp))
+            for seed in seeds if task == "latency" else [args.seed]:
+                for arm in arms:
+                    progress(f"{task}: {arm} (seed {seed}) for {args.minutes:g} min")
+                    seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+                    run = run_arm(task, arm, tokenizer, models[task], seeded, Path(tmp) / f"seed{seed}")
+                    results[task][arm] = run
+                    if task == "latency":
+                        latency_runs[arm].append(run)
 
     load = os.getloadavg()
     print(
@@ -301,7 +423,14 @@ def main() -> None:
         f"per step; held-out success on {args.eval_tasks} tasks x {quickstart.EVAL_SAMPLES} sampled episodes"
     )
     for task in tasks:
-        print_table(task, results[task])
+        if task == "latency":
+            print(
+                f"tool latency: log-normal, median {args.latency_median:g} s, sigma {LATENCY_SIGMA:g}; seeds {seeds}"
+            )
+            closing = print_latency_table(latency_runs)
+            print(f"\n{closing}")
+        else:
+            print_table(task, results[task])
 
 
 if __name__ == "__main__":

@@ -195,6 +195,38 @@ def test_async_quick():
     )
 
 
+def test_async_latency_quick():
+    """benchmarks/async.py --latency at smoke sizes (tool calls that really wait): sync and both async
+    arms, a number (mean over the seeds) for every figure, the engine's busy fraction a fraction, and
+    the closing line naming the best async arm's ratio."""
+    out = run_script("async.py", "--latency", "--quick")
+    header = table_row(out, "figure")
+    assert header[1:] == ["sync", "async-whole", "async"], header
+    for label in ("RL steps in budget", "steps / min", "sampled tokens / s", "held-out success after"):
+        cells = table_row(out, label)[1:]
+        assert all(is_number(c.split(" ")[0]) for c in cells), cells
+    busy = [float(c) for c in table_row(out, "engine busy fraction")[1:]]
+    assert all(0.0 < b <= 1.0 for b in busy), busy
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"latency-bound: async \d+\.\d\dx sync steps per minute \(async(-whole)?\)", last), (
+        last
+    )
+
+
+def test_learner_flops_quick():
+    """benchmarks/learner_flops.py at smoke sizes on the quickstart model: the peak and both learner
+    rows have numbers, each a fraction of the peak, and the update names where its seconds went."""
+    out = run_script("learner_flops.py", "--quick", "--models", "quickstart")
+    peak = table_row(out, "matrix-multiply peak")
+    assert is_number(peak[1].split(" ")[0]) and float(peak[1].split(" ")[0]) > 0, peak
+    for label in ("quickstart: bare forward + backward", "quickstart: learner update"):
+        row = table_row(out, label)
+        assert is_number(row[1].split(" ")[0]) and re.match(r"\d+% of peak", row[2]), row
+    assert re.search(
+        r"forward [\d.]+, backward [\d.]+, optimizer [\d.]+", table_row(out, "quickstart: learner update")[2]
+    )
+
+
 def test_gpu_quick_on_cpu(tmp_path):
     """benchmarks/gpu.py's CPU smoke run: every measurement that a CPU can take has a number (MFU
     '-': no peak to divide by), and the rest are skipped rows naming why; nothing failed."""

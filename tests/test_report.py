@@ -27,6 +27,7 @@ from agent_r1.report.html import (
     metric_unit,
     overlap_fraction,
     phase_timeline,
+    time_breakdown,
 )
 from agent_r1.report.run import (
     SUMMARY_STEP_KEY,
@@ -269,6 +270,17 @@ def make_run_dir(root: Path, tokenizer, *, train_steps: int = 8, dump_every: int
                 "timeline/update_start": t0 + 10 * step,
                 "timeline/update_end": t0 + 10 * step + 8,
             }
+            if step >= 2:  # the engine's and the learner's seconds (step 1: a run from before they existed)
+                row.update(
+                    {
+                        "time/engine_prefill": 2.0,
+                        "time/engine_decode": 6.0,
+                        "time/engine_idle": 12.0,
+                        "time/learner_forward": 2.0,
+                        "time/learner_backward": 3.0,
+                        "time/optimizer": 0.5,
+                    }
+                )
             if step == 5:
                 del row["kl/mean"]  # any key may be missing
             f.write(json.dumps(row) + "\n")
@@ -389,6 +401,26 @@ def test_the_phase_timeline_is_drawn_from_its_own_metrics_not_charted(run_dir):
     ]
     assert overlap_fraction(sync) == 0.0
     assert phase_timeline([{"step": 1, "reward/mean": 0.5}]) == [] and overlap_fraction([]) is None
+
+
+def test_the_time_breakdown_stacks_the_engines_seconds_and_the_learners_step(run_dir):
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    breakdown = time_breakdown(rows)
+    assert [r["step"] for r in breakdown] == list(range(2, 9))  # step 1 logged none of the parts
+    step2 = breakdown[0]
+    assert step2["engine"] == [["engine_prefill", 2.0], ["engine_decode", 6.0], ["engine_idle", 12.0]]
+    parts = dict(step2["learner"])
+    assert list(parts) == [
+        "rollout_wait", "learner_forward", "learner_backward", "optimizer", "other_learning", "sync"
+    ]
+    # time/step 22 = rollout and scoring 14.3 + update 6.2 (forward 2 + backward 3 + optimizer 0.5
+    # + the rest 0.7) + sync 1.5
+    assert parts["rollout_wait"] == pytest.approx(14.3) and parts["other_learning"] == pytest.approx(0.7)
+    assert sum(parts.values()) == pytest.approx(step2["step_s"]) == 22.0
+    # The parts are bars, not lines of the time chart.
+    time_chart = next(c for c in chart_groups(metric_series(rows)) if c["prefix"] == "time")
+    assert not any("engine" in s["key"] or "learner" in s["key"] for s in time_chart["series"])
+    assert time_breakdown([{"step": 1, "time/step": 3.0, "time/rollout": 2.0}]) == []
 
 
 def test_bad_metrics_lines_are_named_but_a_half_written_last_line_is_skipped(tmp_path):
@@ -771,6 +803,23 @@ def test_report_in_headless_chromium(run_dir, tmp_path):
                 a["x"] + a["width"] < b["x"] for a, b in zip(boxes, boxes[1:], strict=False)
             )  # no overlap
             assert "overlapped a rollout 44% of its time" in page.locator("#timeline-section").inner_text()
+            # Beside it, where each step's seconds went: an engine bar (3 parts) and a learner bar (6)
+            # for steps 2-8, each learner bar as tall as its time/step.
+            segments = page.locator("#breakdown rect.seg")
+            assert segments.count() == 7 * 9
+            assert "the engine was busy 40% of its time" in page.locator("#timeline-section").inner_text()
+            step_rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("time/step") is not None]
+            heights = {}
+            for i in range(segments.count()):
+                seg = segments.nth(i)
+                key = (seg.get_attribute("data-step"), seg.get_attribute("x"))
+                heights[key] = heights.get(key, 0.0) + seg.bounding_box()["height"]
+            assert len(heights) == 2 * 7  # two bars per step
+            by_step = {str(r["step"]): r["time/step"] for r in step_rows}
+            # the learner's bar: the taller of the two (time/step 22 s, 20 s; the engine's 20 s)
+            tallest = {step: max(h for (at, _), h in heights.items() if at == step) for step in ("2", "3")}
+            assert tallest["2"] / tallest["3"] == pytest.approx(by_step["2"] / by_step["3"], rel=0.02)
+            assert "weight sync" in page.locator("#breakdown .legend").inner_text()
 
             # Clicking a trajectory shows its steps, with tool calls and low-probability tokens.
             items = page.locator(".traj-item")

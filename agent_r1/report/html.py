@@ -31,6 +31,7 @@ __all__ = [
     "overlap_fraction",
     "phase_timeline",
     "render_html",
+    "time_breakdown",
     "write_finished_report",
     "write_report",
 ]
@@ -60,6 +61,13 @@ _SUMMARY_KEYS = ("reward/mean", "success/mean", "eval/reward", "eval/success", "
 _NOT_CHARTED = ("timeline",)  # wall-clock moments: drawn as the phase timeline, not as curves
 
 _PHASES = ("rollout", "update")
+
+ENGINE_PARTS = ("engine_prefill", "engine_decode", "engine_idle")
+"""``time/*`` keys of the engine's bar in the per-step breakdown (its seconds since the previous step)."""
+LEARNER_PARTS = ("learner_forward", "learner_backward", "optimizer")
+"""``time/*`` keys of the learner's bar; the rest of the step fills it (``time_breakdown``)."""
+_LEARNING_PHASES = ("batch", "old_logprobs", "reference", "values", "advantage", "teacher", "update")
+_BREAKDOWN_KEYS = frozenset(f"time/{part}" for part in ENGINE_PARTS + LEARNER_PARTS)  # bars, not curves
 
 
 def metric_unit(key: str) -> str:
@@ -113,11 +121,11 @@ def chart_groups(series: dict[str, list[tuple[float, float]]]) -> list[dict[str,
     "notes"}]``, one per prefix and unit. A series that never changes (``lr`` under a constant
     schedule, a sync run's ``async/*``), or that repeats another of its prefix point for point
     (``eval/reward`` when the reward is the success), is not drawn: it becomes a line of its
-    chart's ``notes``. A prefix left with nothing to draw is one chart with no series and its notes."""
+    chart's ``notes``. The engine's and learner's seconds are drawn as bars (``time_breakdown``). A prefix left with nothing to draw is one chart with no series and its notes."""
     groups: dict[str, list[str]] = {}
     for key in series:
         prefix = key.split("/", 1)[0]
-        if prefix not in _NOT_CHARTED:
+        if prefix not in _NOT_CHARTED and key not in _BREAKDOWN_KEYS:
             groups.setdefault(prefix, []).append(key)
     ordered = [p for p in CHART_ORDER if p in groups] + sorted(p for p in groups if p not in CHART_ORDER)
     charts = []
@@ -181,6 +189,58 @@ def phase_timeline(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if phase in row:
                 row[phase] = [row[phase][0] - origin, row[phase][1] - origin]
     return rows
+
+
+def time_breakdown(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per training step, where its seconds went, as two stacks: ``[{"step", "step_s", "engine":
+    [[part, s], ...], "learner": [[part, s], ...]}]``.
+
+    The engine's stack is its prefill, decode and idle seconds since the previous step (an
+    evaluation between steps included). The learner's is the step itself, ``time/step`` in all:
+    waiting for the rollout (the rollout, score and filter phases: in async mode the wait for the
+    rollout in flight), the update's forward, backward and optimizer seconds, the other learning
+    phases (batch, old log-probs, reference, values, advantages, teacher and the update's rest), then the
+    weight sync. Rows without the engine's or learner's seconds (older runs) are left out."""
+    rows = []
+    for row in metrics:
+        if row.get("step") is None or row.get("time/step") is None:
+            continue
+        seconds = {part: row[f"time/{part}"] for part in ENGINE_PARTS + LEARNER_PARTS if f"time/{part}" in row}
+        if not seconds:
+            continue
+        learning = sum(row.get(f"time/{phase}", 0.0) for phase in _LEARNING_PHASES)
+        measured = [[part, seconds[part]] for part in LEARNER_PARTS if part in seconds]
+        sync = row.get("time/sync", 0.0)
+        learner = [
+            ["rollout_wait", max(row["time/step"] - learning - sync, 0.0)],
+            *measured,
+            ["other_learning", max(learning - sum(s for _, s in measured), 0.0)],
+            ["sync", sync],
+        ]
+        rows.append(
+            {
+                "step": row["step"],
+                "step_s": row["time/step"],
+                "engine": [[part, seconds[part]] for part in ENGINE_PARTS if part in seconds],
+                "learner": learner,
+            }
+        )
+    return rows
+
+
+def _breakdown_section(breakdown: list[dict[str, Any]]) -> str:
+    if not breakdown:
+        return ""
+    engine = [dict(r["engine"]) for r in breakdown if r["engine"]]
+    busy = sum(e.get("engine_prefill", 0.0) + e.get("engine_decode", 0.0) for e in engine)
+    total = busy + sum(e.get("engine_idle", 0.0) for e in engine)
+    said = f"; over the run the engine was busy {busy / total:.0%} of its time" if total > 0 else ""
+    return (
+        '<h3 id="breakdown-title">Where each step\'s time goes (s)</h3>'
+        f'<p class="note">Left bar of each step: the rollout engine since the previous step (prefill, '
+        f'decode, idle); right bar: the step itself, as the learner spent it{html.escape(said)}.</p>'
+        '<div id="breakdown" class="timeline"></div>'
+    )
 
 
 def overlap_fraction(timeline: list[dict[str, Any]]) -> float | None:
@@ -339,9 +399,11 @@ def render_html(run: RunData, *, title: str | None = None) -> str:
     """The whole page for ``run``, as one string."""
     title = title or f"agent-r1 run: {run.run_dir.resolve().name}"
     timeline = phase_timeline(run.metrics)
+    breakdown = time_breakdown(run.metrics)
     data = {
         "charts": chart_groups(metric_series(run.metrics)),
         "timeline": timeline,
+        "breakdown": breakdown,
         "trajectories": run.trajectories,
         "dumped_steps": run.dumped_steps,
         "embedded_steps": run.embedded_steps,
@@ -371,7 +433,7 @@ def render_html(run: RunData, *, title: str | None = None) -> str:
 <main>
 <section class="summary">{_headline_card(run.metrics)}{_summary(run.metrics)}</section>
 <section id="curves"><h2>Training curves</h2><div id="charts" class="charts"></div></section>
-<section id="timeline-section"><h2>Rollout and update timeline</h2>{_timeline_section(timeline)}</section>
+<section id="timeline-section"><h2>Rollout and update timeline</h2>{_timeline_section(timeline)}{_breakdown_section(breakdown)}</section>
 <section id="evaluation"><h2>Evaluation</h2>{_eval_table(run.metrics)}</section>
 <section id="trajectories"><h2>Trajectories</h2><div id="viewer"></div></section>
 <section id="config"><h2>Resolved config</h2>{config}</section>

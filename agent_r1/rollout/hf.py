@@ -33,6 +33,7 @@ import atexit
 import contextlib
 import inspect
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -355,6 +356,11 @@ class HFEngine:
     such a shared prompt's KV once for all its rows, and attend to it, to the batch's recent columns
     and to the few long rows' older ones apart (``agent_r1.rollout.cascade``; default: on for
     ``sdpa`` models with plain attention in every layer).
+
+    ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
+    prompts, and decoding (one step of every live row, sampling and retiring rows included); the
+    rest of the time it waits for requests or for a weight update (a few clock reads per scheduler
+    step; the trainer reports them per step as ``time/engine_*``).
     """
 
     def __init__(
@@ -403,6 +409,8 @@ class HFEngine:
         self._stacks = cascade.BlockStacks()
         self.prefix_hits = 0
         self.shared_prefills = 0
+        self.prefill_seconds = 0.0
+        self.decode_seconds = 0.0
         # token ids fed so far (prompt + response[:-1]) -> their block and own KV
         self._prefixes: OrderedDict[tuple[int, ...], _Stored] = OrderedDict()
         self._prefixes_fingerprint = self._weights_fingerprint()
@@ -581,13 +589,18 @@ class HFEngine:
             try:
                 with self._model_lock, torch.inference_mode():
                     self._drop_stale_prefixes()  # once per step: weights change only between steps
+                    start = time.perf_counter()
                     if joining:
                         self._prefill(joining)
+                    prefilled = time.perf_counter()
                     if self._batch.requests:
                         self._retire()
                     if self._batch.requests:
                         self._decode()
                         self._retire()
+                    # (sampling reads the tokens back: on an accelerator the work is done by now)
+                    self.prefill_seconds += prefilled - start
+                    self.decode_seconds += time.perf_counter() - prefilled
             except Exception as e:  # a failed step fails its rows, never the engine
                 failed = self._batch.requests + [r for r in joining if r not in self._batch.requests]
                 self._batch = _Batch(self.max_batch_size)

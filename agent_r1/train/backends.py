@@ -49,6 +49,7 @@ __all__ = [
     "BackendKind",
     "BackendParts",
     "Backends",
+    "EngineClock",
     "LearnerBackend",
     "LocalLearner",
     "LocalRollout",
@@ -84,7 +85,8 @@ class RolloutBackend(Protocol):
     def wake(self) -> None: ...
 
     def metrics(self) -> dict[str, float]:
-        """Backend-specific counters for the step's metrics (e.g. actor restarts)."""
+        """Backend-specific counters for the step's metrics since the previous call (e.g. actor
+        restarts, the engine's busy and idle seconds)."""
 
     def close(self) -> None: ...
 
@@ -164,6 +166,37 @@ async def _cancel_all() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class EngineClock:
+    """An engine's seconds since the previous ``read`` (the first: since the clock was built): prefilling,
+    decoding, and the rest of that wall-clock window, idle (waiting for requests, e.g. while
+    trajectories wait on tools or the learner trains, or for a weight update). Only for engines
+    that count their busy time (``HFEngine.prefill_seconds`` / ``decode_seconds``); others get
+    nothing, not zeros."""
+
+    def __init__(self, engine, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.engine, self.clock = engine, clock
+        self.counts = hasattr(engine, "prefill_seconds") and hasattr(engine, "decode_seconds")
+        self.last = self._now()
+
+    def _now(self) -> tuple[float, float, float]:
+        if not self.counts:
+            return (0.0, 0.0, 0.0)
+        return self.clock(), self.engine.prefill_seconds, self.engine.decode_seconds
+
+    def read(self) -> dict[str, float]:
+        if not self.counts:
+            return {}
+        now = self._now()
+        window, prefill, decode = (b - a for a, b in zip(self.last, now, strict=True))
+        self.last = now
+        return {
+            "time/engine_prefill": prefill,
+            "time/engine_decode": decode,
+            "time/engine_idle": max(window - prefill - decode, 0.0),
+            "rollout/engine_busy_fraction": min((prefill + decode) / max(window, 1e-9), 1.0),
+        }
+
+
 class LocalRollout:
     """An engine in this process and the train / eval flows.
 
@@ -199,6 +232,7 @@ class LocalRollout:
         self.flow, self.eval_flow = flow, eval_flow
         self.shares_model, self.owns_engine, self.sleeps = shares_model, owns_engine, sleeps
         self._thread = _RolloutThread() if background else None
+        self._clock = EngineClock(engine)
 
     def submit(self, tasks: Sequence[Task], n: int, seed_base: str, *, evaluation: bool = False) -> _LocalJob:
         if evaluation and self.eval_flow is None:
@@ -248,7 +282,12 @@ class LocalRollout:
             self.raw_engine.wake()
 
     def metrics(self) -> dict[str, float]:
-        return {"rollout/held_requests": float(self.engine.held_requests)} if self._thread else {}
+        """The engine's busy and idle seconds since the previous call (``EngineClock``) and, in the
+        background, the requests a weight swap held."""
+        metrics = self._clock.read()
+        if self._thread:
+            metrics["rollout/held_requests"] = float(self.engine.held_requests)
+        return metrics
 
     def close(self) -> None:
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -341,6 +342,7 @@ class Learner:
         stat_sums: dict[str, float] = {}
         stat_weight = 0.0
         finite = True
+        forward_s = backward_s = 0.0
         try:
             for index in range(passes):
                 last = index == passes - 1
@@ -350,6 +352,7 @@ class Learner:
                         (0.0 * outputs_K.sum()).backward()
                         continue
                     mb = active[index]
+                    start = time.perf_counter()
                     weights_K = mini_batch.weights[mb.flat_index_K].to(device)
                     logprobs_K, entropy_K = self.forward(
                         module, mb, self.temperature, with_entropy=with_entropy
@@ -361,16 +364,23 @@ class Learner:
                         finite = False
                         if self.sync.stops_early:
                             break
+                    # (``isfinite`` above waited for the forward, ``float`` below for the backward: the
+                    # timings need no synchronisation of their own on an accelerator)
+                    backward_start = time.perf_counter()
+                    forward_s += backward_start - start
                     loss.backward()  # after a non-finite loss only to keep collectives in step
                     if not finite:
+                        backward_s += time.perf_counter() - backward_start
                         continue
                     total_loss += float(loss.detach())
+                    backward_s += time.perf_counter() - backward_start
                     active_tokens = float((weights_K != 0).sum())
                     stat_weight += active_tokens
                     for name, value in stats.items():
                         stat_sums[name] = stat_sums.get(name, 0.0) + value * active_tokens
         finally:
             self.model.eval()
+        optimizer_start = time.perf_counter()
         totals = self.sync.reduce(
             {**stat_sums, _LOSS: total_loss, _WEIGHT: stat_weight, _NON_FINITE: 0.0 if finite else 1.0}
         )
@@ -400,6 +410,10 @@ class Learner:
             "grad_norm": grad_norm,
             "lr": lr,
             "update/skipped": 0.0 if finite else 1.0,
+            # this rank's seconds (docs/training.md, "Metrics"); ppo_update sums them over the step
+            "time/learner_forward": forward_s,
+            "time/learner_backward": backward_s,
+            "time/optimizer": time.perf_counter() - optimizer_start,
         }
         metrics.update({name: s / max(stat_weight, 1.0) for name, s in totals.items()})
         return metrics

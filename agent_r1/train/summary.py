@@ -61,18 +61,24 @@ class RolloutSummary:
 
 def summarize_rollout(groups: Sequence[TrajectoryGroup], policy_version: int) -> RolloutSummary:
     """One walk over a rollout: its means over the non-ERROR trajectories, its error and ending
-    fractions, the sampled tokens, the environments' own counters, (``async/*``) how many policy
-    versions the samples lag ``policy_version`` (the version their update starts from), and its errors
-    by kind. A mean over none is left out, not logged as nan (``rollout/error_fraction`` says why)."""
+    fractions, the sampled tokens, the seconds a trajectory waited on its env and on the engine
+    (``time/env_wait``, ``time/generate_wait``), the environments' own counters, (``async/*``) how
+    many policy versions the samples lag ``policy_version`` (the version their update starts from),
+    and its errors by kind. A mean over none is left out, not logged as nan (``rollout/error_fraction`` says why)."""
     total = errors = sampled = 0
     kinds: dict[str, ErrorKind] = {}
     rewards, successes, lengths, steps_per, truncated, step_limit, summaries = [], [], [], [], [], [], []
     staleness, mixed = [], []
+    env_wait, generate_wait = [], []  # seconds per trajectory (Step.timings)
     reported: list[Step] = []
     for group in groups:
         for index, t in enumerate(group.trajectories):
             total += 1
             sampled += t.num_response_tokens
+            if any("env_step" in s.timings for s in t.steps):
+                env_wait.append(sum(s.timings.get("env_step", 0.0) for s in t.steps))
+            if any("generate" in s.timings for s in t.steps):
+                generate_wait.append(sum(s.timings.get("generate", 0.0) for s in t.steps))
             if t.steps:
                 versions = [s.policy_version for s in t.steps]
                 staleness += [policy_version - v for v in versions]
@@ -109,6 +115,11 @@ def summarize_rollout(groups: Sequence[TrajectoryGroup], policy_version: int) ->
         metrics["async/staleness_mean"] = _mean(staleness)
         metrics["async/staleness_max"] = float(max(staleness))
         metrics["async/mixed_version_fraction"] = _mean(mixed)
+    if env_wait:  # a trajectory's seconds in env.step (its tools, its judge), mean and slowest
+        metrics["time/env_wait"] = _mean(env_wait)
+        metrics["time/env_wait_max"] = max(env_wait)
+    if generate_wait:  # ... and waiting for the engine's responses (queueing included)
+        metrics["time/generate_wait"] = _mean(generate_wait)
     metrics.update(env_metrics(reported))
     metrics = {name: value for name, value in metrics.items() if not math.isnan(value)}
     return RolloutSummary(metrics, total, kinds)

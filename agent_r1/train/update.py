@@ -69,7 +69,8 @@ def ppo_update(
     """``trainer.ppo_epochs`` passes over ``batch``'s mini-batches, in an order drawn per epoch by
     (seed, step, epoch), one optimizer step of ``learner`` (a learner backend) on ``objective`` each,
     then the critic's on ``value_objective`` when the learner has one. Returns the mean of each
-    update's metrics, the skipped updates summed, and the batch's token counts."""
+    update's metrics (the critic's under their own names), the skipped updates and the seconds
+    (``time/*``) summed, and the batch's token counts."""
     tokens = batch.tokens
     history: list[dict[str, float]] = []
     splits = len(batch.micro_batches)
@@ -86,13 +87,18 @@ def ppo_update(
             history.append(learner.update(mini, objective, with_entropy=True))
             _test_delay(step, len(history))
             if learner.has_critic:
-                history[-1].update(
+                history.append(
                     _critic_update(
                         learner, tokens, in_mini_T, batch.micro_batches[j], config, value_objective
                     )
                 )
-    metrics = {key: _mean([h[key] for h in history if key in h]) for key in history[0]}
-    metrics["update/skipped"] = sum(h["update/skipped"] for h in history)
+    keys = dict.fromkeys(key for h in history for key in h)
+    # time/* (the learner's forward, backward and optimizer seconds, policy and critic) add up
+    metrics = {
+        key: (sum if key.startswith("time/") else _mean)([h[key] for h in history if key in h])
+        for key in keys
+    }
+    metrics["update/skipped"] = sum(h["update/skipped"] for h in history if "update/skipped" in h)
     metrics["train/tokens"] = float(batch.train_tokens)
     metrics["train/tokens_per_step_layout"] = float(batch.step_layout_tokens)
     return metrics

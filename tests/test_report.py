@@ -411,7 +411,12 @@ def test_the_time_breakdown_stacks_the_engines_seconds_and_the_learners_step(run
     assert step2["engine"] == [["engine_prefill", 2.0], ["engine_decode", 6.0], ["engine_idle", 12.0]]
     parts = dict(step2["learner"])
     assert list(parts) == [
-        "rollout_wait", "learner_forward", "learner_backward", "optimizer", "other_learning", "sync"
+        "rollout_wait",
+        "learner_forward",
+        "learner_backward",
+        "optimizer",
+        "other_learning",
+        "sync",
     ]
     # time/step 22 = rollout and scoring 14.3 + update 6.2 (forward 2 + backward 3 + optimizer 0.5
     # + the rest 0.7) + sync 1.5

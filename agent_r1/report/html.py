@@ -205,7 +205,9 @@ def time_breakdown(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in metrics:
         if row.get("step") is None or row.get("time/step") is None:
             continue
-        seconds = {part: row[f"time/{part}"] for part in ENGINE_PARTS + LEARNER_PARTS if f"time/{part}" in row}
+        seconds = {
+            part: row[f"time/{part}"] for part in ENGINE_PARTS + LEARNER_PARTS if f"time/{part}" in row
+        }
         if not seconds:
             continue
         learning = sum(row.get(f"time/{phase}", 0.0) for phase in _LEARNING_PHASES)
@@ -238,7 +240,7 @@ def _breakdown_section(breakdown: list[dict[str, Any]]) -> str:
     return (
         '<h3 id="breakdown-title">Where each step\'s time goes (s)</h3>'
         f'<p class="note">Left bar of each step: the rollout engine since the previous step (prefill, '
-        f'decode, idle); right bar: the step itself, as the learner spent it{html.escape(said)}.</p>'
+        f"decode, idle); right bar: the step itself, as the learner spent it{html.escape(said)}.</p>"
         '<div id="breakdown" class="timeline"></div>'
     )
 

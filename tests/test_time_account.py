@@ -54,14 +54,14 @@ def test_the_engine_clock_reports_each_window_and_nothing_for_an_engine_that_doe
         "time/engine_prefill": 1.0,
         "time/engine_decode": 3.0,
         "time/engine_idle": 6.0,
-        "rollout/engine_busy_fraction": 0.4,
+        "throughput/engine_busy_fraction": 0.4,
     }
     now[0], engine.decode_seconds = 112.0, 5.0  # the next window: 2 s, all of it decoding
     assert clock.read() == {
         "time/engine_prefill": 0.0,
         "time/engine_decode": 2.0,
         "time/engine_idle": 0.0,
-        "rollout/engine_busy_fraction": 1.0,
+        "throughput/engine_busy_fraction": 1.0,
     }
     assert EngineClock(object()).read() == {}  # vLLM, a server: absent, not zero
 
@@ -115,7 +115,7 @@ def test_a_training_step_accounts_for_engine_env_and_learner_time(tiny_checkpoin
         # Sync mode: the engine works only during the rollout and idles through the update.
         assert 0 < row["time/engine_prefill"] + row["time/engine_decode"] <= row["time/rollout"]
         assert row["time/engine_idle"] >= row["time/update"]
-        assert 0 < row["rollout/engine_busy_fraction"] < 1
+        assert 0 < row["throughput/engine_busy_fraction"] < 1
         # Two env steps per trajectory, each a real wait of ENV_SECONDS.
         assert 2 * ENV_SECONDS <= row["time/env_wait"] <= row["time/env_wait_max"] <= row["time/rollout"]
         assert 0 < row["time/generate_wait"] <= row["time/rollout"]

@@ -193,7 +193,7 @@ class EngineClock:
             "time/engine_prefill": prefill,
             "time/engine_decode": decode,
             "time/engine_idle": max(window - prefill - decode, 0.0),
-            "rollout/engine_busy_fraction": min((prefill + decode) / max(window, 1e-9), 1.0),
+            "throughput/engine_busy_fraction": min((prefill + decode) / max(window, 1e-9), 1.0),
         }
 
 

@@ -8,6 +8,7 @@ is recovered too and the run finishes."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,14 @@ def two_nodes(tmp_path_factory):
     second = cluster.add_node(num_cpus=1, resources={"second_node": 1}, temp_dir=temp)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, runtime_env=actor_runtime_env([TESTS]))
+    # wait_for_nodes() sees the second node registered; its resources reach the scheduler a moment
+    # later (seconds on a loaded machine), and until then a soft affinity to it falls back to the head.
+    deadline = time.monotonic() + 120
+    while ray.available_resources().get("second_node", 0) < 1 or ray.available_resources().get("CPU", 0) < 2:
+        assert time.monotonic() < deadline, (
+            f"the second node's resources never arrived: {ray.available_resources()}"
+        )
+        time.sleep(0.1)
     yield cluster, cluster.head_node.node_id, second
     ray.shutdown()
     cluster.shutdown()

@@ -518,14 +518,14 @@ def test_trains_a_single_player_game(tmp_path):
     model_path = _warm_start(
         tmp_path, factory, demos, lambda t: players.GuessTheNumberPlayer(0.3, seed=t["seed"])
     )
-    tasks = make_tasks("GuessTheNumber-v0", [1, 2])
+    tasks = make_tasks("GuessTheNumber-v0", [1, 2, 3, 4])  # 8 games: a win and a loss among them
     metrics, changed, trajectories = _train(model_path, tmp_path, "GuessTheNumber-v0", tasks, **kwargs)
+    assert len({t.outcome_reward for t in trajectories}) > 1  # the games differ, so the batch teaches
     assert changed and {"env/invalid_actions", "env/win", "env/loss"} <= set(metrics)
     assert metrics["env/draw"] == 0.0
-    assert len(trajectories) == 4 and all(
+    assert len(trajectories) == 8 and all(
         t.steps[0].info["episode"]["num_players"] == 1 for t in trajectories
     )
-    assert len({t.outcome_reward for t in trajectories}) > 1  # the games differ, so the batch teaches
 
 
 @pytest.mark.slow

@@ -483,7 +483,7 @@ def test_report_shows_the_counts_per_step_and_charts_them(tmp_path):
     groups = chart_groups({"tools/calls_per_step": [(1, 0.0)], "steps_per_trajectory/mean": [(1, 1.0)]})
     assert [g["title"] for g in groups] == [
         "Steps per trajectory",
-        "Tool calls, errors and near misses per step",
+        "Tool calls, errors and near misses (per step)",
     ]
     page = render_html(run)
     assert "tools/near_misses_per_step" in page and '"near_misses":1' in page

@@ -29,10 +29,8 @@ GGUF conversion not).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -41,7 +39,7 @@ from pathlib import Path
 
 import torch
 from multiturn import train_for  # sibling scripts (their folder is on sys.path)
-from real_model import PHASES, STOP, TASK_CONFIG, hf_checkpoint, standard_error
+from real_model import STOP, TASK_CONFIG, hf_checkpoint, learning_table, print_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import langgraph_agent  # noqa: E402
@@ -171,44 +169,18 @@ def report(args, before: dict, after: dict, rows: list[dict], total_seconds: flo
         f"{args.max_tokens} tokens; GRPO {args.tasks_per_step} tasks x {args.group_size} samples per step "
         f"at temperature {args.temperature:g}; budget {args.minutes:g} min, used {total_seconds / 60:.1f} min"
     )
-    n = args.eval_tasks
-    b, a = before["eval/success"], after["eval/success"]
-    se_b, se_a = standard_error(b, n), standard_error(a, n)
-    head, tail = rows[: max(1, len(rows) // 4)], rows[-max(1, len(rows) // 4) :]
-
-    def mean_of(part: list[dict], key: str) -> str:
-        values = [r[key] for r in part if key in r]
-        return f"{statistics.mean(values):.3f}" if values else "-"
-
-    table = [
-        (f"held-out success before RL ({n} tasks)", f"{b:.3f} ± {se_b:.3f}"),
-        (f"held-out success after RL ({n} tasks)", f"{a:.3f} ± {se_a:.3f}"),
-        ("gain (points)", f"{100 * (a - b):+.1f} ± {100 * math.sqrt(se_b**2 + se_a**2):.1f}"),
-        (
-            "held-out error fraction before / after",
-            f"{before['eval/error_fraction']:.3f} / {after['eval/error_fraction']:.3f}",
-        ),
-        ("RL steps in budget", f"{len(rows)}"),
-        ("RL seconds", f"{sum(r['time/step'] for r in rows):.0f}"),
-        ("s/step (median)", f"{statistics.median(r['time/step'] for r in rows):.1f}"),
-        (
-            "s/step in rollout / reference / update",
-            " / ".join(f"{statistics.median(r.get(f'time/{p}', 0.0) for r in rows):.1f}" for p in PHASES),
-        ),
-        (
-            "train success, first / last quarter",
-            f"{mean_of(head, 'success/mean')} / {mean_of(tail, 'success/mean')}",
-        ),
-        (
-            "gateway/exact_fraction, first / last quarter",
-            f"{mean_of(head, 'gateway/exact_fraction')} / {mean_of(tail, 'gateway/exact_fraction')}",
-        ),
-    ]
-    width = max(len(name) for name, _ in table)
-    print(f"| {'figure':<{width}} | {'value':>15} |")
-    print(f"|{'-' * (width + 2)}|{'-' * 17}|")
-    for name, value in table:
-        print(f"| {name:<{width}} | {value:>15} |")
+    table = learning_table(
+        args.eval_tasks,
+        before["eval/success"],
+        after["eval/success"],
+        rows,
+        [("gateway/exact_fraction", "gateway/exact_fraction")],
+    )
+    error_row = (
+        "held-out error fraction before / after",
+        f"{before['eval/error_fraction']:.3f} / {after['eval/error_fraction']:.3f}",
+    )
+    print_table([*table[:3], error_row, *table[3:]])
 
 
 if __name__ == "__main__":

@@ -237,7 +237,22 @@ def report(args, before: float, after: float, rows: list[dict], total_seconds: f
         f"{args.group_size} samples per step at temperature {args.temperature:g}; budget "
         f"{args.minutes:g} min, used {total_seconds / 60:.1f} min"
     )
-    n = args.eval_tasks
+    rows_table = learning_table(
+        args.eval_tasks,
+        before,
+        after,
+        rows,
+        [("calculator calls per turn", "tools/calls_per_step")],
+    )
+    print_table(rows_table)
+
+
+def learning_table(
+    n: int, before: float, after: float, rows: list[dict], quarter_keys: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """The learning run's figures: held-out success before and after RL on ``n`` tasks (binomial
+    standard errors), the RL steps and their time, and train success plus each ``(label, metric)``
+    of ``quarter_keys`` over the first and the last quarter of the steps."""
     se_before, se_after = standard_error(before, n), standard_error(after, n)
     gain_se = math.sqrt(se_before**2 + se_after**2)
     head, tail = rows[: max(1, len(rows) // 4)], rows[-max(1, len(rows) // 4) :]
@@ -246,7 +261,7 @@ def report(args, before: float, after: float, rows: list[dict], total_seconds: f
         values = [r[key] for r in part if key in r]
         return f"{statistics.mean(values):.3f}" if values else "-"
 
-    table = [
+    return [
         (f"held-out success before RL ({n} tasks)", f"{before:.3f} ± {se_before:.3f}"),
         (f"held-out success after RL ({n} tasks)", f"{after:.3f} ± {se_after:.3f}"),
         ("gain (points)", f"{100 * (after - before):+.1f} ± {100 * gain_se:.1f}"),
@@ -257,15 +272,14 @@ def report(args, before: float, after: float, rows: list[dict], total_seconds: f
             "s/step in rollout / reference / update",
             " / ".join(f"{statistics.median(r.get(f'time/{p}', 0.0) for r in rows):.1f}" for p in PHASES),
         ),
-        (
-            "train success, first / last quarter",
-            f"{mean_of(head, 'success/mean')} / {mean_of(tail, 'success/mean')}",
-        ),
-        (
-            "calculator calls per turn, first / last quarter",
-            f"{mean_of(head, 'tools/calls_per_step')} / {mean_of(tail, 'tools/calls_per_step')}",
+        *(
+            (f"{label}, first / last quarter", f"{mean_of(head, key)} / {mean_of(tail, key)}")
+            for label, key in [("train success", "success/mean"), *quarter_keys]
         ),
     ]
+
+
+def print_table(table: list[tuple[str, str]]) -> None:
     width = max(len(name) for name, _ in table)
     print(f"| {'figure':<{width}} | {'value':>15} |")
     print(f"|{'-' * (width + 2)}|{'-' * 17}|")

@@ -224,9 +224,9 @@ class LearnerGroup:
     def _start(self) -> None:
         size = self.config.distributed.num_learner_workers
         self.workers = [
-            self._remote.options(**self._options, **scheduling(self.config, rank)).remote(
-                self.config, rank, size
-            )
+            self._remote.options(
+                **self._options, **scheduling(self.config, rank, self._options["num_gpus"])
+            ).remote(self.config, rank, size)
             for rank in range(size)
         ]
         addr, port = self._wait([self.workers[0].address.remote()])[0]

@@ -1,11 +1,12 @@
 """Where Ray puts the actors (``distributed.placement``).
 
-``default`` leaves it to Ray (the driver's node first, while it has room). ``spread`` gives actor
-``index`` of a kind (rollout slot, learner rank) a soft affinity to the ``index``-th alive node,
+``default`` leaves it to Ray (the driver's node first, while it has room). ``spread`` pins actor
+``index`` of a kind (rollout slot, learner rank) to the ``index``-th node alive when it is created,
 the driver's node first and the others in a fixed order, so that with two nodes and two actors of a
-kind each node holds one. Soft: a node that is gone (or cannot take the actor) is passed over by
-Ray's own placement, which is how a slot restarted after its node died lands on a surviving node.
-Ray's ``SPREAD`` strategy is only a preference, and was seen to leave both actors on one node.
+kind each node holds one. A slot restarted after its node died is created again against the nodes
+alive then, so it lands on a survivor. The pin is hard: Ray's soft node affinity was seen to put two
+CPU actors on one node, and its ``SPREAD`` strategy too. Actors that need GPUs keep a soft affinity,
+so that a node without the GPUs passes them on instead of leaving them pending.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ def alive_nodes() -> list[str]:
     return [here, *others]
 
 
-def scheduling(config: TrainConfig, index: int) -> dict:
-    """Ray ``.options`` for actor ``index`` of a kind under ``distributed.placement``."""
+def scheduling(config: TrainConfig, index: int, num_gpus: float = 0.0) -> dict:
+    """Ray ``.options`` for actor ``index`` of a kind (needing ``num_gpus``) under ``distributed.placement``."""
     if config.distributed.placement == "default":
         return {}
     nodes = alive_nodes()
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=True)}
+    node = nodes[index % len(nodes)]
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=num_gpus > 0)}

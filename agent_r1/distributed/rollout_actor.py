@@ -172,9 +172,9 @@ class RolloutPool:
         ray.get([a.ready.remote() for a in self.actors])
 
     def _start(self, slot: int):
-        return self._remote.options(**self._options, **scheduling(self.config, slot)).remote(
-            self.config, slot
-        )
+        return self._remote.options(
+            **self._options, **scheduling(self.config, slot, self._options["num_gpus"])
+        ).remote(self.config, slot)
 
     def _restart(self, slot: int) -> None:
         self.actors[slot] = self._start(slot)

@@ -450,8 +450,9 @@ class DistributedConfig:
     placement: Literal["default", "spread"] = _opt(
         "default",
         "How Ray places the rollout actors and learner workers: 'default' (Ray's: the driver's node "
-        "first, while it has room) or 'spread' (actor k of each kind prefers the k-th alive node, the "
-        "driver's first; a node that is gone or full is passed over).",
+        "first, while it has room) or 'spread' (actor k of each kind is pinned to the k-th node alive "
+        "when it is created, the driver's first; a restarted actor goes to the nodes alive then; "
+        "GPU actors only prefer that node, so one without the GPUs passes them on).",
     )
 
 

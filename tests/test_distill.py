@@ -307,8 +307,8 @@ def test_serve_answers_prompt_logprobs_in_vllms_shape(tiny_checkpoint, tiny_toke
 def test_distillation_alone_lowers_the_reverse_kl(tiny_checkpoint, tmp_path):
     """Teacher: the student after 6 RL steps on the env (a policy that prefers low bytes), as in the
     recipe (an RL-trained teacher, a fresh student). Distillation alone (no reward) brings the
-    student's per-token reverse KL to it down: at least halved over 8 steps (1.77 -> 0.73 nats
-    between the first two and the last two steps here), and falling step after step."""
+    student's per-token reverse KL to it down: to under a third over 12 steps, falling step after
+    step."""
     teacher_config = _config(
         tiny_checkpoint,
         tmp_path / "teacher",
@@ -323,14 +323,14 @@ def test_distillation_alone_lowers_the_reverse_kl(tiny_checkpoint, tmp_path):
             "distill": {"teacher": str(tmp_path / "teacher" / "checkpoints" / "step_000006" / "model")}
         },
         rollout={"n": 4},
-        trainer={"steps": 8, "tasks_per_step": 4, "lr": 3e-3},
+        trainer={"steps": 12, "tasks_per_step": 4, "lr": 3e-3},
     )
     Trainer(config, train_tasks=tasks(32)).fit()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rkl = [r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r]
-    assert len(rkl) == 8 and all("time/teacher" in r for r in rows if "distill/reverse_kl" in r)
-    assert sum(rkl[-2:]) / 2 < 0.5 * sum(rkl[:2]) / 2, rkl
-    assert sum(b < a for a, b in zip(rkl, rkl[1:], strict=False)) >= 6, rkl  # a trend, not one lucky step
+    assert len(rkl) == 12 and all("time/teacher" in r for r in rows if "distill/reverse_kl" in r)
+    assert sum(rkl[-2:]) / 2 < 0.3 * sum(rkl[:2]) / 2, rkl
+    assert sum(b < a for a, b in zip(rkl, rkl[1:], strict=False)) >= 9, rkl  # a trend, not one lucky step
 
 
 # ------------------------------------------------------------------ bad input, at start

@@ -643,37 +643,12 @@ class ResponsesDialect(Dialect):
                     item={**item, "status": "in_progress", "content": []},
                 )
                 part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                event(
-                    "response.content_part.added",
-                    output_index=index,
-                    item_id=item["id"],
-                    content_index=0,
-                    part=part,
-                )
+                at = {"output_index": index, "item_id": item["id"], "content_index": 0}
+                event("response.content_part.added", **at, part=part)
                 if text:
-                    event(
-                        "response.output_text.delta",
-                        output_index=index,
-                        item_id=item["id"],
-                        content_index=0,
-                        delta=text,
-                        logprobs=[],
-                    )
-                event(
-                    "response.output_text.done",
-                    output_index=index,
-                    item_id=item["id"],
-                    content_index=0,
-                    text=text,
-                    logprobs=[],
-                )
-                event(
-                    "response.content_part.done",
-                    output_index=index,
-                    item_id=item["id"],
-                    content_index=0,
-                    part={**part, "text": text},
-                )
+                    event("response.output_text.delta", **at, delta=text, logprobs=[])
+                event("response.output_text.done", **at, text=text, logprobs=[])
+                event("response.content_part.done", **at, part={**part, "text": text})
             else:
                 event(
                     "response.output_item.added",

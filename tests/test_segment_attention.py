@@ -15,13 +15,20 @@ from dataclasses import replace
 import pytest
 import torch
 from batching_support import TEMPERATURE
-from test_batching_trie import _groups_sharing_a_system_prompt, _rerendered, _sliding_window_group, _tokens
+from test_batching_trie import (
+    _groups_sharing_a_system_prompt,
+    _rerendered,
+    _sliding_window_group,
+    _step,
+    _tokens,
+)
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from agent_r1.train import segment_attention
 from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
 from agent_r1.train.learner import micro_batch_logprobs
 from agent_r1.train.segment_attention import Segment, _bucket_splits, plan_segments
+from agent_r1.types import Trajectory
 
 
 def _trajectories():
@@ -79,6 +86,37 @@ def test_segments_match_the_dense_tree_mask_forward_and_backward(tiny_checkpoint
         torch.testing.assert_close(segmented_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_sequences_that_share_nothing_run_causally_in_place_and_match_the_dense_mask(tiny_checkpoint):
+    """Without trees every segment is a run: no buckets, no gathers; the runs' outputs with the
+    padding's zeros are the row layout. Compared with Hugging Face's own mask over the packed
+    sequences (from the restarting positions), forward and backward."""
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_checkpoint, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    rng = random.Random(4)
+    trajectories = []
+    for first in range(3, 10):  # distinct first tokens: no two prompts share a prefix
+        prompt, steps = [first] + _tokens(rng, rng.randint(5, 40)), []
+        for _ in range(rng.randint(1, 3)):
+            response = _tokens(rng, rng.randint(1, 12))
+            steps.append(_step(prompt, response))
+            prompt = prompt + response + _tokens(rng, rng.randint(2, 6))
+        trajectories.append(Trajectory(task_id="t", steps=tuple(steps)))
+    rows = step_rows(trajectories)
+    micro_batches = make_micro_batches(build_sequences(trajectories), rows, 90, pair_cost=0.0)
+    assert len(micro_batches) > 1
+    assert all(not mb.segments.buckets and mb.segments.runs for mb in micro_batches)
+    segmented, segmented_grads = _logprobs_and_grads(model, micro_batches, rows.num_tokens)
+    dense, dense_grads = _logprobs_and_grads(
+        model, [replace(mb, segments=None) for mb in micro_batches], rows.num_tokens
+    )
+    # The same causal softmax per sequence, blocked differently: float32 rounding.
+    torch.testing.assert_close(segmented, dense, atol=1e-5, rtol=0)
+    assert dense_grads.keys() == segmented_grads.keys()
+    for name, grad in dense_grads.items():
+        torch.testing.assert_close(segmented_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_padding_positions_get_a_zero_output_and_no_nan():
     torch.manual_seed(0)
     q = torch.randn(1, 2, 6, 4, requires_grad=True)
@@ -96,6 +134,29 @@ def test_padding_positions_get_a_zero_output_and_no_nan():
     scores = (q[0, :, 4] @ k[0, 0, [0, 4]].T) / 2.0
     expected = torch.softmax(scores, -1) @ v[0, 0, [0, 4]]
     torch.testing.assert_close(out[0, 4], expected)
+
+
+def test_runs_with_padding_between_and_after_them_across_rows():
+    """Runs only (the ordered path): two rows of width 5, padding inside a row and at the end;
+    each run is causal attention over its own tokens, padding gets zeros."""
+    torch.manual_seed(1)
+    q = torch.randn(2, 2, 5, 4, requires_grad=True)
+    k = torch.randn(2, 1, 5, 4, requires_grad=True)
+    v = torch.randn(2, 1, 5, 4, requires_grad=True)
+    empty = torch.zeros(0, dtype=torch.long)
+    # row 0: run 0-2, padding 3-4; row 1: run 5-6, run 7-8, padding 9
+    plan = plan_segments([Segment(7, 2, empty), Segment(0, 3, empty), Segment(5, 2, empty)], 10)
+    assert not plan.buckets and plan.runs == ((0, 3), (5, 2), (7, 2))
+    out, _ = segment_attention.segment_attention_forward(None, q, k, v, None, segment_attention=plan)
+    assert out.shape == (2, 5, 2, 4)
+    for row, at, length in ((0, 0, 3), (1, 0, 2), (1, 2, 2)):
+        for i in range(length):
+            keys = k[row, 0, at : at + i + 1]
+            expected = torch.softmax(q[row, :, at + i] @ keys.T / 2.0, -1) @ v[row, 0, at : at + i + 1]
+            torch.testing.assert_close(out[row, at + i], expected)
+    assert torch.equal(out[0, 3:], torch.zeros(2, 2, 4)) and torch.equal(out[1, 4], torch.zeros(2, 4))
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
 def _padded_pairs(sizes, ranges) -> int:

@@ -7,10 +7,13 @@ every pair and discards the masked ones. On the quickstart's multi-turn batches 
 GRPO group (a 183-token prompt and eight ~200-token branches: rows of ~1,900 tokens), so ~85% of the
 pairs computed were masked.
 
-Here every segment is its own attention problem instead: its queries attend to the tokens it shares
-with its ancestors (gathered from wherever the row holds them) and causally to its own. Segments of
-similar size are stacked into one ``scaled_dot_product_attention`` call each (``SegmentBucket``), padded
-to the bucket's longest, and the outputs are gathered back into the row layout. The pairs computed are
+Here every segment is its own attention problem instead. A segment that shares nothing (a plain
+sequence, a tree's root) is a *run*: causal attention over a view of its own tokens, which the kernel
+computes block-causally (no gathered copies, no mask). A segment with ancestors attends to the tokens
+it shares with them (gathered from wherever the row holds them) and causally to its own; such
+segments of similar size are stacked into one ``scaled_dot_product_attention`` call each
+(``SegmentBucket``), padded to the bucket's longest, and the outputs are gathered back into the row
+layout (without trees, the runs' outputs are the row layout already, in order). The pairs computed are
 then each segment's (ancestors + own length) x own length, plus the bucket padding, and the result is
 the masked attention's: the same softmax over the same keys for every query (tested against the dense
 mask, forward and backward). A padding token of a row attends to nothing and gets a zero output (its
@@ -94,12 +97,15 @@ class SegmentBucket:
 
 @dataclass(frozen=True)
 class SegmentAttention:
-    """A micro-batch's attention plan: its buckets and, for each of the B*T positions, where its
-    output is among the buckets' real queries concatenated (``len`` of them: a padding position gets
-    the zero row after them)."""
+    """A micro-batch's attention plan: its runs (segments without ancestors, as flat ``(start,
+    length)`` in position order), its buckets, and, for each of the B*T positions, where its output is
+    among the buckets' real queries and then the runs' queries concatenated (``len`` of them: a
+    padding position gets the zero row after them). Without buckets that index is not needed: the
+    runs and the zero rows of the padding between them are the row layout in order."""
 
     buckets: tuple[SegmentBucket, ...]
     output_index_BT: Tensor  # (B*T,) long
+    runs: tuple[tuple[int, int], ...] = ()
 
     def to(self, device: torch.device | str) -> SegmentAttention:
         buckets = tuple(
@@ -111,7 +117,7 @@ class SegmentAttention:
             )
             for b in self.buckets
         )
-        return SegmentAttention(buckets, self.output_index_BT.to(device))
+        return SegmentAttention(buckets, self.output_index_BT.to(device), self.runs)
 
 
 def _bucket_splits(sizes: Sequence[tuple[int, int]], overhead: int) -> list[tuple[int, int]]:
@@ -170,8 +176,11 @@ def plan_segments(
     overhead: int = BUCKET_OVERHEAD_PAIRS,
     chunk_queries: int | None = None,
 ) -> SegmentAttention:
-    """Bucket ``segments`` (covering some of ``num_positions`` flat positions, each at most once),
-    each first cut into chunks of at most ``chunk_queries`` queries (None: whole)."""
+    """Plan ``segments`` (covering some of ``num_positions`` flat positions, each at most once): those
+    without ancestors become runs, the others are cut into chunks of at most ``chunk_queries`` queries
+    (None: whole) and bucketed."""
+    runs = tuple(sorted((s.start, s.length) for s in segments if len(s.ancestors) == 0))
+    segments = [s for s in segments if len(s.ancestors) > 0]
     if chunk_queries is not None:
         segments = [c for s in segments for c in _chunks(s, chunk_queries)]
     order = sorted(range(len(segments)), key=lambda i: (len(segments[i].ancestors) + segments[i].length, i))
@@ -203,12 +212,13 @@ def plan_segments(
         mask_NSK[:, :, A] |= ~query_valid_NS
         buckets.append(SegmentBucket(query_index_NS, key_index_NK, mask_NSK[:, None], query_valid_NS))
         sources.append(query_index_NS[query_valid_NS])
+    sources += [torch.arange(start, start + length) for start, length in runs]
     flat_sources = torch.cat(sources) if sources else torch.zeros(0, dtype=torch.long)
     output_index_BT = torch.full((num_positions,), len(flat_sources), dtype=torch.long)
     if len(torch.unique(flat_sources)) != len(flat_sources):
         raise ValueError("plan_segments: segments overlap (a position is in two segments)")
     output_index_BT[flat_sources] = torch.arange(len(flat_sources))
-    return SegmentAttention(tuple(buckets), output_index_BT)
+    return SegmentAttention(tuple(buckets), output_index_BT, runs)
 
 
 def segment_attention_forward(
@@ -248,6 +258,27 @@ def segment_attention_forward(
             enable_gqa=kv_heads != H,
         )
         outputs.append(out.transpose(1, 2)[bucket.query_valid_NS])  # (real queries, H, Dv)
+    ordered = not segment_attention.buckets  # the runs' outputs, with zeros between, are the layout
+    end = 0  # flat position where the last run ended
+    for start, length in segment_attention.runs:
+        row, at = divmod(start, T)
+        if ordered and start > end:
+            outputs.append(query_PHD.new_zeros(start - end, H, value.shape[-1]))  # padding
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query[row : row + 1, :, at : at + length],
+            key[row : row + 1, :, at : at + length],
+            value[row : row + 1, :, at : at + length],
+            dropout_p=dropout,
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=kv_heads != H,
+        )
+        outputs.append(out[0].transpose(0, 1))  # (length, H, Dv)
+        end = start + length
+    if ordered:
+        if end < B * T:
+            outputs.append(query_PHD.new_zeros(B * T - end, H, value.shape[-1]))
+        return torch.cat(outputs).reshape(B, T, H, -1), None
     outputs.append(query_PHD.new_zeros(1, H, value.shape[-1]))  # the padding positions' output
     out_PHD = torch.cat(outputs)[segment_attention.output_index_BT]
     return out_PHD.reshape(B, T, H, -1), None

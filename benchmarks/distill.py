@@ -31,6 +31,7 @@ measures it; its noise on 100 tasks is about 0.035.
 
     python benchmarks/distill.py           # the full run (tens of minutes on 2 cores)
     python benchmarks/distill.py --quick   # a smoke run (used by the test suite)
+    python benchmarks/distill.py --from-quickstart runs/quickstart --student-epochs 2   # a weaker student
 """
 
 from __future__ import annotations

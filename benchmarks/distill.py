@@ -211,7 +211,7 @@ def main() -> None:
             student = trainable(load_frozen_model(given / "sft_model", key="--from-quickstart"))
             teacher_dir = str(sorted((given / "run" / "checkpoints").glob("step_*"))[-1] / "model")
             progress(f"student {given / 'sft_model'}, teacher {teacher_dir}")
-            made = f"from {given}: student its sft_model, teacher {Path(teacher_dir).parent.name}"
+            made = f"from {given}: warm start its sft_model, teacher {Path(teacher_dir).parent.name}"
             before_rows, _ = run_arm(
                 "rl", student, tokenizer, None, args, out / "student", args.seed, None, 0
             )

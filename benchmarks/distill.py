@@ -15,6 +15,13 @@ The ``agent-r1 quickstart`` pipeline (``agent_r1/commands/quickstart.py``), in t
    both distillation arms without dynamic filtering (distillation learns from groups whose rewards agree);
 4. repeated for ``--seeds`` seeds of the arms (the warm start and the teacher are made once).
 
+``--student-demos N`` / ``--student-epochs E``: the arms start instead from a weaker warm start of
+their own (SFT on N demonstrations x E epochs, same tokenizer, same seed), while the teacher stays the
+RL-trained model made from the full warm start (or taken from ``--from-quickstart``). This is the
+regime on-policy distillation is for: a student far from its teacher, whose own samples rarely earn a
+reward (little signal for RL), while the teacher's per-token signal does not depend on the reward. By
+default the student is the quickstart's warm start itself, which is already near its teacher.
+
 Prints machine info, one table (per arm: steps and RL wall time to 90% of T, per seed and their
 mean; success reached) and a final line ``distill: N.NNx fewer steps than RL to 90% of the teacher``
 (mean steps of ``rl`` / mean steps of ``distill``). An arm that does not get there within
@@ -24,6 +31,7 @@ measures it; its noise on 100 tasks is about 0.035.
 
     python benchmarks/distill.py           # the full run (tens of minutes on 2 cores)
     python benchmarks/distill.py --quick   # a smoke run (used by the test suite)
+    python benchmarks/distill.py --from-quickstart runs/quickstart --student-epochs 2   # a weaker student
 """
 
 from __future__ import annotations
@@ -94,6 +102,8 @@ def run_arm(arm, model, tokenizer, teacher, args, out: Path, seed: int, target: 
     )
     own_step_loop(trainer, out / f"{arm}_{seed}")
     rows = [{"step": 0, "seconds": 0.0, "success": trainer.evaluate()["eval/success"]}]
+    if target is not None:
+        progress(f"{arm} seed {seed} step 0: held-out {rows[0]['success']}")
     seconds = 0.0
     if target is not None and rows[0]["success"] >= target:
         steps = 0  # the warm start is there already
@@ -161,8 +171,30 @@ def main() -> None:
         help="take the student and the teacher from a finished `agent-r1 quickstart --out OUT`: "
         "OUT/sft_model and the last checkpoint's model in OUT/run/checkpoints (skips both making them)",
     )
+    parser.add_argument(
+        "--student-demos",
+        type=int,
+        default=None,
+        help="start the arms from a weaker warm start of their own: SFT on this many demonstrations "
+        "(default: the arms start from the teacher's own warm start)",
+    )
+    parser.add_argument(
+        "--student-epochs",
+        type=int,
+        default=None,
+        help="epochs of that weaker warm start (default --sft-epochs; either flag makes one)",
+    )
+    parser.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help="the arms to run, comma-separated, in this order (default all: %(default)s); the closing "
+        "ratio needs rl and distill",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     args = parser.parse_args()
+    arms = tuple(arm.strip() for arm in args.arms.split(","))
+    if unknown := [arm for arm in arms if arm not in ARMS]:
+        parser.error(f"--arms: unknown {', '.join(unknown)} (known: {', '.join(ARMS)})")
     if args.quick:
         args.sft_demos, args.sft_epochs, args.eval_tasks = 64, 1, 4
         args.tasks_per_step, args.group_size = 2, 2
@@ -171,7 +203,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     tokenizer = build_tiny_tokenizer()
-    results: dict[str, list] = {arm: [] for arm in ARMS}
+    results: dict[str, list] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory(prefix="distill_") as tmp:
         out = Path(tmp)
         if args.from_quickstart:
@@ -179,7 +211,7 @@ def main() -> None:
             student = trainable(load_frozen_model(given / "sft_model", key="--from-quickstart"))
             teacher_dir = str(sorted((given / "run" / "checkpoints").glob("step_*"))[-1] / "model")
             progress(f"student {given / 'sft_model'}, teacher {teacher_dir}")
-            made = f"from {given}: student its sft_model, teacher {Path(teacher_dir).parent.name}"
+            made = f"from {given}: warm start its sft_model, teacher {Path(teacher_dir).parent.name}"
             before_rows, _ = run_arm(
                 "rl", student, tokenizer, None, args, out / "student", args.seed, None, 0
             )
@@ -197,12 +229,24 @@ def main() -> None:
                 "rl", student, tokenizer, None, args, out / "teacher", args.seed, None, args.teacher_steps
             )
             teacher_dir = str(save_model(teacher_model, tokenizer, out / "teacher_model"))
+        warm_success = teacher_rows[0]["success"]
+        if args.student_demos is not None or args.student_epochs is not None:
+            weak = argparse.Namespace(
+                **{
+                    **vars(args),
+                    "sft_demos": args.sft_demos if args.student_demos is None else args.student_demos,
+                    "sft_epochs": args.sft_epochs if args.student_epochs is None else args.student_epochs,
+                }
+            )
+            progress(f"weaker student: {weak.sft_demos} demonstrations x {weak.sft_epochs} epochs")
+            student = warm_starts(tokenizer, weak, contexts=("append",))["append"][0]
+            made += f"; student its own SFT: {weak.sft_demos} demos x {weak.sft_epochs} epochs"
         teacher_success = teacher_rows[-1]["success"]
         target = 0.9 * teacher_success
         progress(f"teacher held-out success {teacher_success:.3f}; target {target:.3f}")
         first = args.seed + 1 if args.first_arm_seed is None else args.first_arm_seed
         for seed in range(first, first + args.seeds):
-            for arm in ARMS:
+            for arm in arms:
                 rows, _ = run_arm(
                     arm, student, tokenizer, teacher_dir, args, out, seed, target, args.max_steps
                 )
@@ -212,9 +256,11 @@ def main() -> None:
         f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, "
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}"
     )
+    student_success = results[arms[0]][0][0]["success"]
     print(
-        f"task: quickstart arithmetic; {made}; teacher held-out success {teacher_success:.3f} (student "
-        f"{teacher_rows[0]['success']:.3f}), target 0.9 x = {target:.3f}; {args.tasks_per_step} tasks x "
+        f"task: quickstart arithmetic; {made}; teacher held-out success {teacher_success:.3f} (its warm "
+        f"start {warm_success:.3f}; the arms' student {student_success:.3f}), target 0.9 x = {target:.3f}; "
+        f"{args.tasks_per_step} tasks x "
         f"{args.group_size} samples per step; held-out {args.eval_tasks} tasks x {quickstart.EVAL_SAMPLES} "
         f"sampled; {args.seeds} seeds; at most {args.max_steps} steps per arm"
     )
@@ -223,7 +269,7 @@ def main() -> None:
     )
     print(f"|{'-' * 17}|{'-' * 26}|{'-' * 7}|{'-' * 14}|{'-' * 14}|")
     mean_steps = {}
-    for arm in ARMS:
+    for arm in arms:
         hits = [reached(rows, target, args.max_steps) for rows in results[arm]]
         steps = [s for s, _ in hits]
         mean_steps[arm] = statistics.mean(steps)
@@ -233,7 +279,9 @@ def main() -> None:
         best = statistics.mean(max(r["success"] for r in rows) for rows in results[arm])
         print(f"| {arm:<15} | {per_seed:<24} | {mean_steps[arm]:>5.2f} | {seconds:>12} | {best:>12.3f} |")
     print(f"total wall time {time.perf_counter() - started:.0f}s")
-    if mean_steps["distill"] == 0:
+    if "rl" not in mean_steps or "distill" not in mean_steps:
+        print("distill: n/a: the ratio needs the rl and distill arms")
+    elif mean_steps["distill"] == 0:
         print("distill: n/a: the warm start already reaches 90% of the teacher (make the teacher stronger)")
     else:
         ratio = mean_steps["rl"] / mean_steps["distill"]

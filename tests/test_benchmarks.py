@@ -403,7 +403,9 @@ def test_agent_frameworks_quick(tmp_path):
 
 
 def test_distill_quick():
-    out = run_script("distill.py", "--quick")
+    # a weaker student of its own (32 demonstrations) than the teacher's warm start (64 in --quick)
+    out = run_script("distill.py", "--quick", "--student-demos", "32")
+    assert "student its own SFT: 32 demos x 1 epochs" in out, out
     for arm in ("rl", "distill", "distill+reward"):
         assert table_row(out, arm)[0] == arm
     assert re.search(r"^distill: (\d+\.\d\dx fewer steps than RL|n/a)", out, re.M), out

@@ -238,20 +238,15 @@ def check_judge_output(out: str, arms: list[str]) -> tuple[int, int, int, int]:
     return agreed, n, right, wrong
 
 
+JUDGE_QUICK = ("async.py", "--latency", "--judge", "--quick")
+"""The judge variant at smoke sizes; each test adds its arms and its judge."""
+
+
 def test_async_latency_judge_quick(tiny_checkpoint):
     """benchmarks/async.py --latency --judge at smoke sizes, the tiny model served as the judge by a
     real ``agent-r1 serve`` (its verdicts are noise: this checks the plumbing, the next test the
     judge): judge calls in every arm, their latency and agreement printed."""
-    out = run_script(
-        "async.py",
-        "--latency",
-        "--judge",
-        "--quick",
-        "--arms",
-        "sync,async",
-        "--judge-model",
-        str(tiny_checkpoint),
-    )
+    out = run_script(*JUDGE_QUICK, "--arms", "sync,async", "--judge-model", str(tiny_checkpoint))
     check_judge_output(out, ["sync", "async"])
     assert f"reward: an LLM judge, {tiny_checkpoint.name} served by `agent-r1 serve`" in out
 
@@ -264,16 +259,7 @@ def test_async_latency_judge_quick(tiny_checkpoint):
 def test_async_latency_judge_smollm_quick(tmp_path):
     """The default judge, SmolLM2-135M-Instruct (one arm): it reads the right number out of all 8
     demonstrated answers (``ans`` resolved from the calculator's last result), right and wrong ones."""
-    out = run_script(
-        "async.py",
-        "--latency",
-        "--judge",
-        "--quick",
-        "--arms",
-        "async",
-        "--judge-checkpoint",
-        str(tmp_path / "smollm2"),
-    )
+    out = run_script(*JUDGE_QUICK, "--arms", "async", "--judge-checkpoint", str(tmp_path / "smollm2"))
     agreed, n, right, wrong = check_judge_output(out, ["async"])
     assert agreed == n and right > 0 and wrong > 0, (agreed, n, right, wrong)
 

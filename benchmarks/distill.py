@@ -22,9 +22,17 @@ regime on-policy distillation is for: a student far from its teacher, whose own 
 reward (little signal for RL), while the teacher's per-token signal does not depend on the reward. By
 default the student is the quickstart's warm start itself, which is already near its teacher.
 
-Prints machine info, one table (per arm: steps and RL wall time to 90% of T, per seed and their
-mean; success reached) and a final line ``distill: N.NNx fewer steps than RL to 90% of the teacher``
-(mean steps of ``rl`` / mean steps of ``distill``). An arm that does not get there within
+``--teacher DIR`` (with ``--from-quickstart``): another model folder as the teacher, e.g. OUT/sft_model.
+
+Before the arms, a probe of the teacher and the student (``first_token_probe``): the probability that a
+turn opens with ``</tool_call>`` after a tool result and after a tool error (a misspelt argument name,
+the student's typical slip). An RL-trained quickstart teacher answers a tool error that way, a stray
+tag that is one more error; distillation teaches the student to do the same (docs/algorithms.md). The
+probe runs on each arm's policy after every step too.
+
+Prints machine info, the probe, one table (per arm: steps and RL wall time to 90% of T, per seed and
+their mean; success reached), held-out success and the probe per arm, seed and step, and a final line
+``distill: N.NNx fewer steps than RL to 90% of the teacher`` (mean steps of ``rl`` / mean steps of ``distill``). An arm that does not get there within
 ``--max-steps`` counts as ``--max-steps`` + 1 (so the ratio is a lower bound when RL never does).
 Held-out success is sampled at T=1 (``quickstart.EVAL_SAMPLES`` episodes per task), as the quickstart
 measures it; its noise on 100 tasks is about 0.035.
@@ -60,6 +68,7 @@ from agent_r1.models.loading import load_frozen_model, save_model
 from agent_r1.models.tiny import build_tiny_tokenizer
 from agent_r1.tasks import get_task
 from agent_r1.train.config import config_from_dict
+from agent_r1.train.sft import replay_demonstrations
 from agent_r1.train.trainer import Trainer
 
 ARMS = ("rl", "distill", "distill+reward")
@@ -101,7 +110,19 @@ def run_arm(arm, model, tokenizer, teacher, args, out: Path, seed: int, target: 
         val_tasks=heldout,
     )
     own_step_loop(trainer, out / f"{arm}_{seed}")
-    rows = [{"step": 0, "seconds": 0.0, "success": trainer.evaluate()["eval/success"]}]
+
+    def stray_close() -> dict[str, float]:
+        """The policy's p(</tool_call>) as a turn's first token (``first_token_probe``), in an arm's run."""
+        if target is None:
+            return {}
+        probe = first_token_probe(
+            {"policy": copy.deepcopy(trainer.model).eval()}, tokenizer, args.eval_tasks, args.seed
+        )
+        return {state: p for state, (p, _) in probe["policy"].items()}
+
+    rows = [
+        {"step": 0, "seconds": 0.0, "success": trainer.evaluate()["eval/success"], "stray": stray_close()}
+    ]
     if target is not None:
         progress(f"{arm} seed {seed} step 0: held-out {rows[0]['success']}")
     seconds = 0.0
@@ -122,6 +143,7 @@ def run_arm(arm, model, tokenizer, teacher, args, out: Path, seed: int, target: 
                     "success": success,
                     "reverse_kl": metrics.get("distill/reverse_kl"),
                     "teacher_s": metrics.get("time/teacher", 0.0),
+                    "stray": stray_close(),
                 }
             )
             progress(
@@ -131,6 +153,7 @@ def run_arm(arm, model, tokenizer, teacher, args, out: Path, seed: int, target: 
                     if "distill/reverse_kl" in metrics
                     else ""
                 )
+                + "".join(f", p(</tool_call>) {state} {p:.3f}" for state, p in rows[-1]["stray"].items())
             )
             if target is not None and success >= target:
                 break
@@ -138,6 +161,49 @@ def run_arm(arm, model, tokenizer, teacher, args, out: Path, seed: int, target: 
         trainer.run_dir.close()
         trainer.close()
     return rows, trainer.model
+
+
+def first_token_probe(
+    models: dict, tokenizer, tasks: int, seed: int
+) -> dict[str, dict[str, tuple[float, str]]]:
+    """What each model writes first in a turn after a tool result and after a tool error.
+
+    The states are the quickstart task's demonstrations replayed through its env, with the first
+    tool call intact (a tool result follows) or with its argument name misspelt (the tool's error
+    follows), the typo a sampled student makes. For each model and state: the mean probability of
+    ``</tool_call>`` as the turn's first token and the most common most likely first token. An
+    RL-trained teacher that answers a tool error with ``</tool_call>`` (a stray closing tag: another
+    error, and so on to the turn limit) teaches that to a student that makes such errors.
+    """
+    spec = get_task("arithmetic")
+    held_out = spec.make_dataset(tasks, split="test", seed=seed)
+    close_id = tokenizer.convert_tokens_to_ids("</tool_call>")
+
+    def misspelt(task, rng):
+        first, *rest = spec.demonstrate(task, rng)
+        if '"expression"' not in first:
+            raise ValueError(f"the demonstrator's first call changed, nothing to misspell in {first!r}")
+        return [first.replace('"expression"', '"expressi4n"'), *rest]
+
+    states = {
+        name: [
+            t.steps[1].prompt_ids
+            for t in replay_demonstrations(
+                lambda: make_env(tokenizer, "append"), tokenizer, held_out, demonstrate, seed=seed
+            )
+        ]
+        for name, demonstrate in (("after a tool result", spec.demonstrate), ("after a tool error", misspelt))
+    }
+    out: dict[str, dict[str, tuple[float, str]]] = {}
+    with torch.no_grad():
+        for model_name, model in models.items():
+            out[model_name] = {}
+            for state, prompts in states.items():
+                probs = [model(torch.tensor([ids])).logits[0, -1].float().softmax(-1) for ids in prompts]
+                p_close = statistics.mean(float(p[close_id]) for p in probs)
+                top = statistics.mode(tokenizer.decode([int(p.argmax())]) for p in probs)
+                out[model_name][state] = (p_close, top)
+    return out
 
 
 def trainable(model):
@@ -172,6 +238,12 @@ def main() -> None:
         "OUT/sft_model and the last checkpoint's model in OUT/run/checkpoints (skips both making them)",
     )
     parser.add_argument(
+        "--teacher",
+        metavar="DIR",
+        help="with --from-quickstart: this model folder is the teacher instead of the last checkpoint's "
+        "(e.g. OUT/sft_model, a teacher that was never RL-trained)",
+    )
+    parser.add_argument(
         "--student-demos",
         type=int,
         default=None,
@@ -192,6 +264,8 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     args = parser.parse_args()
+    if args.teacher and not args.from_quickstart:
+        parser.error("--teacher needs --from-quickstart (without it the script trains its own teacher)")
     arms = tuple(arm.strip() for arm in args.arms.split(","))
     if unknown := [arm for arm in arms if arm not in ARMS]:
         parser.error(f"--arms: unknown {', '.join(unknown)} (known: {', '.join(ARMS)})")
@@ -209,9 +283,11 @@ def main() -> None:
         if args.from_quickstart:
             given = Path(args.from_quickstart)
             student = trainable(load_frozen_model(given / "sft_model", key="--from-quickstart"))
-            teacher_dir = str(sorted((given / "run" / "checkpoints").glob("step_*"))[-1] / "model")
+            teacher_dir = args.teacher or str(
+                sorted((given / "run" / "checkpoints").glob("step_*"))[-1] / "model"
+            )
             progress(f"student {given / 'sft_model'}, teacher {teacher_dir}")
-            made = f"from {given}: warm start its sft_model, teacher {Path(teacher_dir).parent.name}"
+            made = f"from {given}: warm start its sft_model, teacher {teacher_dir}"
             before_rows, _ = run_arm(
                 "rl", student, tokenizer, None, args, out / "student", args.seed, None, 0
             )
@@ -241,6 +317,15 @@ def main() -> None:
             progress(f"weaker student: {weak.sft_demos} demonstrations x {weak.sft_epochs} epochs")
             student = warm_starts(tokenizer, weak, contexts=("append",))["append"][0]
             made += f"; student its own SFT: {weak.sft_demos} demos x {weak.sft_epochs} epochs"
+        probe = first_token_probe(
+            {
+                "teacher": load_frozen_model(teacher_dir, key="teacher"),
+                "student": copy.deepcopy(student).eval(),
+            },
+            tokenizer,
+            args.eval_tasks,
+            args.seed,
+        )
         teacher_success = teacher_rows[-1]["success"]
         target = 0.9 * teacher_success
         progress(f"teacher held-out success {teacher_success:.3f}; target {target:.3f}")
@@ -264,6 +349,13 @@ def main() -> None:
         f"{args.group_size} samples per step; held-out {args.eval_tasks} tasks x {quickstart.EVAL_SAMPLES} "
         f"sampled; {args.seeds} seeds; at most {args.max_steps} steps per arm"
     )
+    for model_name, states in probe.items():
+        print(
+            f"{model_name} first token "
+            + "; ".join(
+                f"{state}: p(</tool_call>) {p:.2f}, most likely {top!r}" for state, (p, top) in states.items()
+            )
+        )
     print(
         f"| {'arm':<15} | {'steps to 90% (per seed)':<24} | {'mean':>5} | {'RL s to 90%':>12} | {'best success':>12} |"
     )
@@ -278,6 +370,14 @@ def main() -> None:
         seconds = f"{statistics.mean(timed):.0f}" if timed else "-"
         best = statistics.mean(max(r["success"] for r in rows) for rows in results[arm])
         print(f"| {arm:<15} | {per_seed:<24} | {mean_steps[arm]:>5.2f} | {seconds:>12} | {best:>12.3f} |")
+    print("per step from step 0 (held-out success; p(</tool_call>) as a turn's first token, policy):")
+    for arm in arms:
+        for offset, rows in enumerate(results[arm]):
+            seed = first + offset
+            line = " ".join(f"{r['success']:.3f}" for r in rows)
+            for state in rows[0]["stray"]:
+                line += f"; {state} " + " ".join(f"{r['stray'][state]:.3f}" for r in rows)
+            print(f"  {arm} seed {seed}: {line}")
     print(f"total wall time {time.perf_counter() - started:.0f}s")
     if "rl" not in mean_steps or "distill" not in mean_steps:
         print("distill: n/a: the ratio needs the rl and distill arms")

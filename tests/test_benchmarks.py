@@ -395,3 +395,20 @@ def test_distill_quick():
     for arm in ("rl", "distill", "distill+reward"):
         assert table_row(out, arm)[0] == arm
     assert re.search(r"^distill: (\d+\.\d\dx fewer steps than RL|n/a)", out, re.M), out
+    for model in ("teacher", "student"):
+        probe = re.search(
+            rf"^{model} first token after a tool result: p\(</tool_call>\) (\d\.\d\d), most likely .+; "
+            r"after a tool error: p\(</tool_call>\) (\d\.\d\d), most likely .+$",
+            out,
+            re.M,
+        )
+        assert probe and all(0.0 <= float(p) <= 1.0 for p in probe.groups()), out
+    # per arm and seed, from step 0 (--quick's target is met there, so it can be the only step):
+    # held-out success and the probe
+    per_step = r"\d\.\d{3}( \d\.\d{3})*"
+    for arm in ("rl", "distill", "distill\\+reward"):
+        assert re.search(
+            rf"^  {arm} seed 1: {per_step}; after a tool result {per_step}; after a tool error {per_step}$",
+            out,
+            re.M,
+        ), out

@@ -32,8 +32,8 @@ probe runs on each arm's policy after every step too.
 
 Prints machine info, the probe, one table (per arm: steps and RL wall time to 90% of T, per seed and
 their mean; success reached), held-out success and the probe per arm, seed and step, and a final line
-``distill: N.NNx fewer steps than RL to 90% of the teacher`` (mean steps of ``rl`` / mean steps of ``distill``). An arm that does not get there within
-``--max-steps`` counts as ``--max-steps`` + 1 (so the ratio is a lower bound when RL never does).
+``distill: N.NNx fewer steps than RL to 90% of the teacher`` (mean steps of ``rl`` / mean steps of
+``distill``). An arm that does not get there within ``--max-steps`` counts as ``--max-steps`` + 1 (so the ratio is a lower bound when RL never does).
 Held-out success is sampled at T=1 (``quickstart.EVAL_SAMPLES`` episodes per task), as the quickstart
 measures it; its noise on 100 tasks is about 0.035.
 
@@ -94,9 +94,21 @@ def arm_settings(arm: str, teacher: str | None, args, run_dir: Path, seed: int) 
     return settings
 
 
-def run_arm(arm, model, tokenizer, teacher, args, out: Path, seed: int, target: float | None, steps: int):
+def run_arm(
+    arm,
+    model,
+    tokenizer,
+    teacher,
+    args,
+    out: Path,
+    seed: int,
+    target: float | None,
+    steps: int,
+    states: dict[str, list[list[int]]] | None = None,
+):
     """``steps`` training steps at most from ``model`` (a copy is trained), held-out evaluation after
-    each; stops once success >= ``target`` (None: never). Returns per-step rows."""
+    each, and the first-token probe on ``states`` (``probe_states``; None: no probe); stops once
+    success >= ``target`` (None: never). Returns per-step rows."""
     spec = get_task("arithmetic")
     rl_tasks = spec.make_dataset(4000, split="train", seed=seed)
     heldout = spec.make_dataset(args.eval_tasks, split="test", seed=args.seed)
@@ -112,13 +124,10 @@ def run_arm(arm, model, tokenizer, teacher, args, out: Path, seed: int, target: 
     own_step_loop(trainer, out / f"{arm}_{seed}")
 
     def stray_close() -> dict[str, float]:
-        """The policy's p(</tool_call>) as a turn's first token (``first_token_probe``), in an arm's run."""
-        if target is None:
+        """The policy's p(</tool_call>) as a turn's first token in each probed state."""
+        if states is None:
             return {}
-        probe = first_token_probe(
-            {"policy": copy.deepcopy(trainer.model).eval()}, tokenizer, args.eval_tasks, args.seed
-        )
-        return {state: p for state, (p, _) in probe["policy"].items()}
+        return {state: p for state, (p, _) in first_token_probe(trainer.model, tokenizer, states).items()}
 
     rows = [
         {"step": 0, "seconds": 0.0, "success": trainer.evaluate()["eval/success"], "stray": stray_close()}
@@ -163,21 +172,15 @@ def run_arm(arm, model, tokenizer, teacher, args, out: Path, seed: int, target: 
     return rows, trainer.model
 
 
-def first_token_probe(
-    models: dict, tokenizer, tasks: int, seed: int
-) -> dict[str, dict[str, tuple[float, str]]]:
-    """What each model writes first in a turn after a tool result and after a tool error.
+def probe_states(tokenizer, tasks: int, seed: int) -> dict[str, list[list[int]]]:
+    """The prompts (token ids) of a turn after a tool result and after a tool error, one per task.
 
-    The states are the quickstart task's demonstrations replayed through its env, with the first
-    tool call intact (a tool result follows) or with its argument name misspelt (the tool's error
-    follows), the typo a sampled student makes. For each model and state: the mean probability of
-    ``</tool_call>`` as the turn's first token and the most common most likely first token. An
-    RL-trained teacher that answers a tool error with ``</tool_call>`` (a stray closing tag: another
-    error, and so on to the turn limit) teaches that to a student that makes such errors.
+    The quickstart task's demonstrations replayed through its env, with the first tool call intact
+    (a tool result follows) or with its argument name misspelt (the tool's error follows), the typo a
+    sampled student makes; each state is the second turn's prompt.
     """
     spec = get_task("arithmetic")
     held_out = spec.make_dataset(tasks, split="test", seed=seed)
-    close_id = tokenizer.convert_tokens_to_ids("</tool_call>")
 
     def misspelt(task, rng):
         first, *rest = spec.demonstrate(task, rng)
@@ -185,7 +188,7 @@ def first_token_probe(
             raise ValueError(f"the demonstrator's first call changed, nothing to misspell in {first!r}")
         return [first.replace('"expression"', '"expressi4n"'), *rest]
 
-    states = {
+    return {
         name: [
             t.steps[1].prompt_ids
             for t in replay_demonstrations(
@@ -194,15 +197,29 @@ def first_token_probe(
         ]
         for name, demonstrate in (("after a tool result", spec.demonstrate), ("after a tool error", misspelt))
     }
-    out: dict[str, dict[str, tuple[float, str]]] = {}
-    with torch.no_grad():
-        for model_name, model in models.items():
-            out[model_name] = {}
+
+
+def first_token_probe(model, tokenizer, states: dict[str, list[list[int]]]) -> dict[str, tuple[float, str]]:
+    """What ``model`` writes first in a turn in each of ``states`` (``probe_states``): the mean
+    probability of ``</tool_call>`` as the first token, and the most common most likely first token.
+
+    An RL-trained quickstart teacher answers a tool error with ``</tool_call>`` (a stray closing tag:
+    another error, and so on to the turn limit) and teaches that to a student that makes such errors.
+    The model is run in eval mode and left in the mode it was in.
+    """
+    close_id = tokenizer.convert_tokens_to_ids("</tool_call>")
+    training = model.training
+    model.eval()
+    out: dict[str, tuple[float, str]] = {}
+    try:
+        with torch.no_grad():
             for state, prompts in states.items():
                 probs = [model(torch.tensor([ids])).logits[0, -1].float().softmax(-1) for ids in prompts]
                 p_close = statistics.mean(float(p[close_id]) for p in probs)
                 top = statistics.mode(tokenizer.decode([int(p.argmax())]) for p in probs)
-                out[model_name][state] = (p_close, top)
+                out[state] = (p_close, top)
+    finally:
+        model.train(training)
     return out
 
 
@@ -317,15 +334,11 @@ def main() -> None:
             progress(f"weaker student: {weak.sft_demos} demonstrations x {weak.sft_epochs} epochs")
             student = warm_starts(tokenizer, weak, contexts=("append",))["append"][0]
             made += f"; student its own SFT: {weak.sft_demos} demos x {weak.sft_epochs} epochs"
-        probe = first_token_probe(
-            {
-                "teacher": load_frozen_model(teacher_dir, key="teacher"),
-                "student": copy.deepcopy(student).eval(),
-            },
-            tokenizer,
-            args.eval_tasks,
-            args.seed,
-        )
+        states = probe_states(tokenizer, args.eval_tasks, args.seed)
+        probe = {
+            "teacher": first_token_probe(load_frozen_model(teacher_dir, key="teacher"), tokenizer, states),
+            "student": first_token_probe(student, tokenizer, states),
+        }
         teacher_success = teacher_rows[-1]["success"]
         target = 0.9 * teacher_success
         progress(f"teacher held-out success {teacher_success:.3f}; target {target:.3f}")
@@ -333,7 +346,7 @@ def main() -> None:
         for seed in range(first, first + args.seeds):
             for arm in arms:
                 rows, _ = run_arm(
-                    arm, student, tokenizer, teacher_dir, args, out, seed, target, args.max_steps
+                    arm, student, tokenizer, teacher_dir, args, out, seed, target, args.max_steps, states
                 )
                 results[arm].append(rows)
 

@@ -9,6 +9,7 @@ finds live together changes from run to run. Runs are compared to the bit: every
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -212,9 +213,10 @@ def test_a_grace_too_short_for_the_update_exits_5_and_keeps_the_previous_checkpo
 
 
 def test_a_signal_landing_inside_an_envs_code_stops_the_rollout_not_one_trajectory(tmp_path, tiny_checkpoint):
-    """In one process (the handler raises ``StopSampling`` wherever the main thread is): a signal that
-    lands inside an env's ``step`` stops the rollout and checkpoints step 1, instead of becoming one
-    ERROR trajectory (as an ``Exception`` would, caught by ``rollout_group``) while sampling goes on."""
+    """In one process: a signal that lands inside an env's ``step`` stops the rollout and checkpoints
+    step 1, instead of becoming one ERROR trajectory (as an ``Exception`` would, caught by
+    ``rollout_group``) while sampling goes on, and without waiting for the trajectories of its group
+    still running (as ``StopSampling`` raised inside that step did: the run then outlasted its grace)."""
     from trainer_envs import SignalAtStepEnv, tasks
 
     from agent_r1.train.config import load_config
@@ -222,21 +224,59 @@ def test_a_signal_landing_inside_an_envs_code_stops_the_rollout_not_one_trajecto
     from agent_r1.train.trainer import Trainer
 
     config = load_config(
-        _config(tmp_path, tiny_checkpoint, checkpoint_every=0), [f"trainer.run_dir={tmp_path / 'run'}"]
+        _config(tmp_path, tiny_checkpoint, checkpoint_every=0, preemption_grace_s=600),
+        [f"trainer.run_dir={tmp_path / 'run'}", "trainer.tasks_per_step=1"],
     )
     trainer = None
 
     def env():
-        # step 2's 3rd env step: each step of this config takes 2 tasks x 3 samples x 2 turns
-        return SignalAtStepEnv(trainer.tokenizer, signal.SIGTERM, at=2 * 3 * 2 + 3)
+        # step 2's 3rd env step: each step takes 1 task x 3 samples x 2 turns; step 2's first reset
+        # (the 4th) stalls for a minute meanwhile, in the same group
+        return SignalAtStepEnv(trainer.tokenizer, signal.SIGTERM, at=3 * 2 + 3, stall_at=3 + 1, stall_s=60)
 
-    SignalAtStepEnv.steps = 0
+    SignalAtStepEnv.steps = SignalAtStepEnv.resets = 0
+    SignalAtStepEnv.stalled = None
     trainer = Trainer(config, env_factory=env, train_tasks=tasks(6))
     with pytest.raises(Preempted, match="preempted by SIGTERM: checkpoint .*step_000001 holds step 1"):
         trainer.fit()
+    # the stalled trajectory was cancelled, not waited for: a rollout stops at once, whatever code
+    # of it the signal lands in (waiting for it could outlast trainer.preemption_grace_s)
+    assert SignalAtStepEnv.stalled == "cancelled"
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
     assert [r["step"] for r in _rows(tmp_path / "run")] == [1]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is uninstalled
+
+
+def test_the_guard_stops_an_event_loop_in_this_thread_whatever_task_the_signal_lands_in():
+    """The local backend's sync rollout: the loop is stopped and its tasks cancelled, and a rollout
+    that finished in the loop's last iteration is dropped all the same (its step is sampled again)."""
+    from agent_r1.train.preemption import PreemptionGuard, StopSampling
+
+    ended = []
+
+    async def sleeper() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    async def rollout(finish: bool) -> int:
+        waiting = asyncio.ensure_future(sleeper())
+        await asyncio.sleep(0)
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside this task
+        if finish:
+            waiting.cancel()
+            return 1
+        await waiting
+        return 0
+
+    for finish in (False, True):
+        with PreemptionGuard(grace_s=60) as guard:
+            with pytest.raises(StopSampling), guard.stoppable():
+                asyncio.run(rollout(finish))
+            assert guard.signum == signal.SIGTERM
+    assert ended == ["cancelled", "cancelled"]
 
 
 _MKL_PROBE = """

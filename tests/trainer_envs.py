@@ -157,13 +157,31 @@ class JitteryLowByteEnv(LowByteEnv):
 class SignalAtStepEnv(LowByteEnv):
     """``LowByteEnv`` whose ``step`` sends its own process ``signum`` (once, at the process's
     ``at``-th env step), synchronously inside the coroutine: Python then runs the signal handler in
-    the middle of the env's own code, not while the event loop waits."""
+    the middle of the env's own code, not while the event loop waits.
+
+    ``stall_at``: the process's ``stall_at``-th reset instead waits ``stall_s`` seconds (a trajectory
+    still running when the signal lands); ``stalled`` records how that wait ended: "cancelled" or
+    "finished"."""
 
     steps = 0
+    resets = 0
+    stalled: str | None = None
 
-    def __init__(self, tokenizer, signum: int, at: int) -> None:
+    def __init__(self, tokenizer, signum: int, at: int, stall_at: int = 0, stall_s: float = 0.0) -> None:
         super().__init__(tokenizer)
         self.signum, self.at = signum, at
+        self.stall_at, self.stall_s = stall_at, stall_s
+
+    async def reset(self, task: Task) -> Observation:
+        SignalAtStepEnv.resets += 1
+        if SignalAtStepEnv.resets == self.stall_at:
+            try:
+                await asyncio.sleep(self.stall_s)
+            except asyncio.CancelledError:
+                SignalAtStepEnv.stalled = "cancelled"
+                raise
+            SignalAtStepEnv.stalled = "finished"
+        return await super().reset(task)
 
     async def step(self, action: Action) -> StepResult:
         SignalAtStepEnv.steps += 1

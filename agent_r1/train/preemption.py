@@ -6,7 +6,11 @@ the run at a consistent point and ends it with ``PREEMPTED_EXIT`` (4).
 - a **sync rollout** being sampled stops at once (``StopSampling`` is raised where the trainer waits
   for it; its unfinished trajectories are dropped): the step it belonged to has not changed the
   weights, so the checkpoint is the previous step's state, with the RNG state recorded when that step
-  ended. The resumed run samples that step again, from the same seeds.
+  ended. The resumed run samples that step again, from the same seeds. A rollout whose event loop
+  runs in this thread (the local backend) is not interrupted wherever the handler lands (raised
+  inside a flow's task, ``StopSampling`` would end that trajectory and leave its group waiting for
+  the others; raised inside a loop callback, asyncio would log and drop it): the handler stops the
+  loop, and ``StopSampling`` is raised once it has stopped, its trajectories cancelled.
 - anything else (the update, the weight sync, an evaluation, a checkpoint being written, an async
   rollout) runs on to the end of its step: the update is not split, since half an optimizer pass is
   no state to resume from. The step's checkpoint then waits for an async rollout in flight and saves
@@ -22,6 +26,7 @@ while the checkpoint is being prepared is ignored (logged); a second SIGINT (Ctr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -73,6 +78,7 @@ class PreemptionGuard:
         self.grace_s = grace_s
         self.signum: int | None = None
         self._stoppable = False
+        self._loop_stopped = False  # the handler stopped a stoppable rollout's event loop
         self._installed: dict[int, object] = {}
         self._timer: threading.Timer | None = None
         self._signalled_at = 0.0
@@ -98,11 +104,17 @@ class PreemptionGuard:
         """A sync rollout: a preemption signal (or one already received) stops it with ``StopSampling``."""
         if self.requested:
             raise StopSampling()
-        self._stoppable = True
+        self._stoppable, self._loop_stopped = True, False
         try:
             yield
+        except RuntimeError:  # "Event loop stopped before Future completed.": ours, or not
+            if self._loop_stopped:
+                raise StopSampling() from None
+            raise
         finally:
             self._stoppable = False
+        if self._loop_stopped:  # the rollout ended in the loop's last iteration: dropped all the same
+            raise StopSampling()
 
     def done(self) -> None:
         """The checkpoint is written (or the run ends otherwise): the grace timer stops."""
@@ -130,7 +142,12 @@ class PreemptionGuard:
         self._timer.start()
         if self._stoppable:
             self._stoppable = False
-            raise StopSampling()
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # waiting on another process (Ray): interrupt the wait
+                raise StopSampling() from None
+            self._loop_stopped = True
+            loop.call_soon_threadsafe(loop.stop)  # (wakes the loop, as asyncio's own signal handling)
 
     def _expired(self) -> None:
         print(

@@ -35,12 +35,25 @@ def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParse
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parse_args``, except that ``key=value`` overrides may also follow the options
+    (``agent-r1 train cfg.yaml --resume trainer.steps=60``): argparse gives a ``nargs="*"`` positional
+    only the words before the first option, and ``parse_intermixed_args`` does not take subcommands."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    if hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]
+        return args
+    return parser.parse_args(argv)  # argparse's own error for the words it does not know (exit 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Build only the parser we need (imports of heavy modules stay lazy for --help).
     wanted = tuple(c for c in COMMANDS if argv and argv[0] == c) or COMMANDS
     parser = build_parser(wanted if argv and argv[0] in COMMANDS else COMMANDS)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

@@ -124,7 +124,7 @@ def test_resume_with_a_changed_config_is_refused_and_allowed_on_request(tmp_path
     changed = ["trainer.lr=0.001", "algorithm.advantage=rloo", "trainer.tasks_per_step=1"]
 
     capsys.readouterr()
-    assert main(["train", str(config), *changed, "--resume"]) == 2
+    assert main(["train", str(config), *changed[:1], "--resume", *changed[1:]]) == 2  # either side
     out = capsys.readouterr().out
     assert "the config differs from the one this run was started with" in out
     assert "algorithm.advantage.name: 'grpo' → 'rloo'" in out
@@ -135,8 +135,12 @@ def test_resume_with_a_changed_config_is_refused_and_allowed_on_request(tmp_path
     with pytest.raises(ResumeError, match=r"trainer\.lr: 0\.003 → 0\.001"):
         Trainer(load_config(config, changed), resume=True)
 
+    with pytest.raises(SystemExit, match="2"):  # argparse's error: a word that is no key=value
+        main(["train", str(config), "--resume", "trainer.steps"])
+    assert "unrecognized arguments: trainer.steps" in capsys.readouterr().err
+
     # Extending the run under a constant schedule, and logging/checkpoint keys, need no flag.
-    assert main(["train", str(config), "trainer.steps=3", "trainer.keep_checkpoints=3", "--resume"]) == 0
+    assert main(["train", str(config), "--resume", "trainer.steps=3", "trainer.keep_checkpoints=3"]) == 0
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == "step_000003"
     assert yaml.safe_load((run_dir / "config.prev-1.yaml").read_text()) == yaml.safe_load(started_with)
     # Under a cosine schedule trainer.steps sets the decay, so changing it is a real change.

@@ -254,7 +254,11 @@ class DistillConfig:
         _teacher_device,
     )
     coef: float = _opt(
-        1.0, "Weight of the per-token reverse-KL advantage -(log p_student - log p_teacher).", _positive
+        1.0,
+        "Weight of the per-token reverse-KL advantage -(log p_student - log p_teacher). It sets the "
+        "balance with the env's advantages (reward_weight) and any KL or entropy term; distilling alone "
+        "it only scales the loss, which Adam's update all but ignores (raise trainer.lr instead).",
+        _positive,
     )
     reward_weight: float = _opt(
         0.0,

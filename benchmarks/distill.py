@@ -33,7 +33,8 @@ probe runs on each arm's policy after every step too.
 Prints machine info, the probe, one table (per arm: steps and RL wall time to 90% of T, per seed and
 their mean; success reached), held-out success and the probe per arm, seed and step, and a final line
 ``distill: N.NNx fewer steps than RL to 90% of the teacher`` (mean steps of ``rl`` / mean steps of
-``distill``). An arm that does not get there within ``--max-steps`` counts as ``--max-steps`` + 1 (so the ratio is a lower bound when RL never does).
+``distill``). An arm that does not get there within ``--max-steps`` counts as ``--max-steps`` + 1 (so
+the ratio is a lower bound when RL never does).
 Held-out success is sampled at T=1 (``quickstart.EVAL_SAMPLES`` episodes per task), as the quickstart
 measures it; its noise on 100 tasks is about 0.035.
 

@@ -18,6 +18,7 @@ Compare two versions of the trainer by running this script against each in one s
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import statistics
@@ -114,13 +115,23 @@ def main() -> None:
                 advantages = trainer.advantages(batch)
                 estimated = time.perf_counter()
                 trainer.update(batch, advantages, 1)
-            else:  # the batch phases of agent_r1.train.batch
+            elif not hasattr(trainer, "context"):  # the batch phases as trainer methods
                 batch, _ = trainer.old_logprobs(trainer.batch(groups, 1))
                 batch = trainer.values(trainer.reference(batch))
                 prepared = time.perf_counter()
                 batch = trainer.advantages(batch)
                 estimated = time.perf_counter()
                 trainer.update(batch, 1)
+            else:  # the learning phases as units (agent_r1.train.phases)
+                phases = dict(importlib.import_module("agent_r1.train.phases").LEARNING_PHASES)
+                context = trainer.context(1)
+                batch = trainer.batch(groups, 1)
+                for name in ("old_logprobs", "reference", "values"):
+                    batch, _ = phases[name](batch, context)
+                prepared = time.perf_counter()
+                batch, _ = phases["advantage"](batch, context)
+                estimated = time.perf_counter()
+                phases["update"](batch, context)
             updated = time.perf_counter()
             seconds["prepare"].append(prepared - start)
             seconds["advantage"].append(estimated - prepared)

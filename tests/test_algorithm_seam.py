@@ -35,6 +35,7 @@ from agent_r1.algos import (
     register_off_policy_correction,
     register_policy_loss,
 )
+from agent_r1.train import phases
 from agent_r1.train.builders import policy_objective
 from agent_r1.train.config import ConfigError, load_config
 from agent_r1.train.trainer import Trainer
@@ -294,7 +295,8 @@ def test_the_trainer_passes_step_ids_to_gspo_and_seq_mean_where_steps_and_trajec
     torch.testing.assert_close(per_step, torch.full_like(per_step, 1 / len(live_steps)))
 
     SEEN["loss"].clear()
-    trainer.update(trainer.advantages(batch), 1)
+    context = trainer.context(1)
+    phases.update.update(phases.advantages(batch, context)[0], context)
     trainer.close()
     seen_steps = torch.cat([ids for _, ids in SEEN["loss"]])
     assert sorted(seen_steps.tolist()) == sorted(step_T.tolist())  # every token once, with its step id

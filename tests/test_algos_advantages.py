@@ -164,7 +164,7 @@ def test_gae_step_uses_one_value_per_step():
 
 def test_kl_reward_penalty_reaches_every_estimator_through_the_step_reward():
     table = StepTable.from_groups([outcome_only(1.0, 1.0)], ref_logprobs=[[-1.0, -1.0], [-0.5, -0.5]])
-    penalised = kl_reward_penalty(table, beta=0.1, kind="k1")  # old_logprobs are -0.5 everywhere
+    penalised = kl_reward_penalty(table, beta=0.1, kind="k1")  # sampler_logprobs are -0.5 everywhere
     assert_values(penalised.token_rewards, [[-0.05, -0.05], [0.0, 0.0]])
     assert step_rewards(penalised).tolist() == pytest.approx([0.9, 1.0])
     out = compute_advantages(penalised, AdvantageConfig("grpo", norm_by_std=False))

@@ -60,7 +60,7 @@ def train(estimator: str, loss_name: str, iterations: int = 15) -> torch.Tensor:
         for _ in range(2):  # two updates per batch: the ratio moves away from 1
             logprobs_N1 = log_softmax(logits_SA)[table.step_index].gather(-1, actions_N1)
             loss, _ = loss_fn(
-                logprobs_N1, table.old_logprobs, out.advantages, table.response_mask, PolicyLossConfig()
+                logprobs_N1, table.sampler_logprobs, out.advantages, table.response_mask, PolicyLossConfig()
             )
             (grad_SA,) = torch.autograd.grad(aggregate(loss, table.response_mask, "token-mean"), logits_SA)
             with torch.no_grad():  # plain SGD, lr 1 (torch.optim would import torch._dynamo: seconds)

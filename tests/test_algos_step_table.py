@@ -37,8 +37,8 @@ def test_layout_rows_are_groups_then_trajectories_then_steps():
     assert table.reward.tolist() == [0.0, 0.5, 0.0, 0.25]
     assert table.outcome_reward.tolist() == [1.0, 1.0, 0.0, 2.0]
     assert table.response_mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 0, 1], [1, 0, 0]]
-    assert table.old_logprobs[2].tolist() == pytest.approx([-0.1, -0.2, -0.3])
-    assert table.old_logprobs[1].tolist() == pytest.approx([-0.1, 0.0, 0.0])  # right-padded
+    assert table.sampler_logprobs[2].tolist() == pytest.approx([-0.1, -0.2, -0.3])
+    assert table.sampler_logprobs[1].tolist() == pytest.approx([-0.1, 0.0, 0.0])  # right-padded
 
 
 def test_state_index_same_prompt_same_group_only():
@@ -108,8 +108,8 @@ def test_validation_names_the_problem():
         replace(table, done=torch.tensor([True, True, True, True]))
     with pytest.raises(ValueError, match="trajectory 0 has step_index 0 twice"):
         replace(table, step_index=torch.tensor([0, 0, 0, 0]))
-    with pytest.raises(ValueError, match="old_logprobs must have the shape of response_mask"):
-        replace(table, old_logprobs=torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="sampler_logprobs must have the shape of response_mask"):
+        replace(table, sampler_logprobs=torch.zeros(4, 2))
     with pytest.raises(ValueError, match=r"reward must have shape \(N,\)"):
         replace(table, reward=torch.zeros(3))
     with pytest.raises(ValueError, match="spans several group_index"):
@@ -122,5 +122,5 @@ def test_bool_mask_becomes_float_and_select_reorders_whole_table():
     assert table.response_mask.dtype == torch.float32
     flipped = table.select(torch.tensor([3, 2, 1, 0]))
     assert flipped.traj_index.tolist() == [2, 1, 0, 0]
-    assert torch.equal(flipped.old_logprobs[0], table.old_logprobs[3])
+    assert torch.equal(flipped.sampler_logprobs[0], table.sampler_logprobs[3])
     assert flipped.sorted_rows().tolist() == [3, 2, 1, 0]

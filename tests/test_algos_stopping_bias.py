@@ -102,7 +102,7 @@ def group_estimate(
         done=torch.tensor(done),
         state_index=torch.tensor(step),  # the state at turn k is the same in every trajectory reaching it
         response_mask=torch.ones(n, 1, dtype=torch.float64),
-        old_logprobs=logprobs_N1.detach(),
+        sampler_logprobs=logprobs_N1.detach(),
         step_values=torch.tensor([values[k] for k in step], dtype=torch.float64),
     )
     advantages_N1 = compute_advantages(table, advantage).advantages

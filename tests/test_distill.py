@@ -15,6 +15,7 @@ from trainer_envs import tasks
 
 from agent_r1.algos import distill_advantages
 from agent_r1.models.tiny import build_tiny_tokenizer, save_tiny_checkpoint
+from agent_r1.train import phases, teacher
 from agent_r1.train.config import ConfigError, config_from_dict
 from agent_r1.train.trainer import Trainer
 
@@ -114,9 +115,9 @@ def distill_step(tiny_checkpoint, teacher_checkpoint, tmp_path_factory):
     trainer = Trainer(config, train_tasks=tasks(4))
     groups = trainer.rollout(tasks(2), 1)
     kept, _ = trainer.filter(groups)
-    batch = trainer.advantages(trainer.batch(kept, 1))
-    metrics: dict[str, float] = {}
-    distilled = trainer.distill(batch, metrics)
+    context = trainer.context(1)
+    batch, _ = phases.advantages(trainer.batch(kept, 1), context)
+    distilled, metrics = teacher.distill(batch, context)
     return trainer, batch, distilled, metrics
 
 
@@ -212,9 +213,10 @@ def test_teacher_scores_each_steps_own_prompt_under_every_context_policy(
     trainer = Trainer(config, train_tasks=tasks(2))
     try:
         groups = trainer.rollout(tasks(2), 1)
-        batch = trainer.advantages(trainer.batch(trainer.filter(groups)[0], 1))
+        context = trainer.context(1)
+        batch, _ = phases.advantages(trainer.batch(trainer.filter(groups)[0], 1), context)
         assert max(len(t.steps) for t in batch.trajectories) >= 3  # summarize adds its summary step
-        distilled = trainer.distill(batch, {})
+        distilled, _ = teacher.distill(batch, context)
         expected_T = _per_step_teacher_logprobs(trainer.learner.teacher.model, batch)
     finally:
         trainer.close()

@@ -15,6 +15,7 @@ import torch
 from trainer_envs import tasks
 from transformers import AutoModelForCausalLM
 
+from agent_r1.train import phases
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import read_jsonl
@@ -75,8 +76,8 @@ def test_bf16_engine_and_learner_log_probs_agree_on_cuda(tiny_checkpoint, tmp_pa
     try:
         assert next(trainer.model.parameters()).dtype is torch.bfloat16
         groups = trainer.rollout(tasks(8), step=1)
-        batch, _ = trainer.old_logprobs(
-            trainer.batch(groups, 1)
+        batch, _ = phases.old_logprobs(
+            trainer.batch(groups, 1), trainer.context(1)
         )  # two mini-batches: the learner recomputes the old log-probs
         with torch.no_grad():
             step = batch.rows.steps[0]

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from agent_r1.envs.context import SUMMARY_STEP_KEY
 from agent_r1.flows import AgentEnvLoop
 from agent_r1.rollout.hf import HFEngine
+from agent_r1.train import phases
 from agent_r1.train.batching import build_sequences
 from agent_r1.types import SamplingParams, Trajectory
 
@@ -135,7 +136,9 @@ def test_one_update_reaches_the_summary_tokens(tiny_checkpoint, tmp_path):
         won, lost = (
             replace(t, outcome_reward=r) for t, r in zip(group.trajectories, (1.0, 0.0), strict=True)
         )
-        batch = trainer.advantages(trainer.batch([replace(group, trajectories=(won, lost))], step=1))
+        batch, _ = phases.advantages(
+            trainer.batch([replace(group, trajectories=(won, lost))], step=1), trainer.context(1)
+        )
         advantages = batch.tokens.advantages
         # GRPO with its defaults: (G - mean) / (unbiased std + 1e-6) of the two returns, on every step
         returns = torch.tensor([won.total_reward, lost.total_reward])
@@ -157,7 +160,7 @@ def test_one_update_reaches_the_summary_tokens(tiny_checkpoint, tmp_path):
         only_summary = torch.zeros_like(advantages)
         only_summary[index] = advantages[index]
         before = trainer.learner.logprobs(batch.all_micro_batches, rows.num_tokens)[index].sum()
-        trainer.update(batch.with_tokens(advantages=only_summary), step=1)
+        phases.update.update(batch.with_tokens(advantages=only_summary), trainer.context(1))
         after = trainer.learner.logprobs(batch.all_micro_batches, rows.num_tokens)[index].sum()
         assert after > before
     finally:

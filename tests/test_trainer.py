@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from trainer_envs import tasks
 
 from agent_r1.cli import main
+from agent_r1.train import phases
 from agent_r1.train.backends import export_weights
 from agent_r1.train.config import ConfigError, config_from_dict
 from agent_r1.train.learner import load_policy
@@ -171,7 +172,7 @@ def test_sampler_and_learner_log_probs_agree(trained):
     )  # the engine was closed by fit
     try:
         groups = trainer.rollout(tasks(2), step=99)
-        batch, _ = trainer.old_logprobs(trainer.batch(groups, 1))
+        batch, _ = phases.old_logprobs(trainer.batch(groups, 1), trainer.context(1))
     finally:
         trainer.close()
     torch.testing.assert_close(batch.tokens.old_logprobs, batch.tokens.sampler_logprobs, atol=1e-4, rtol=0)
@@ -386,8 +387,8 @@ def test_bf16_sampler_and_learner_log_probs_agree_to_bf16_rounding(tiny_checkpoi
     try:
         assert next(trainer.model.parameters()).dtype is torch.bfloat16
         groups = trainer.rollout(tasks(8), step=1)
-        batch, _ = trainer.old_logprobs(
-            trainer.batch(groups, 1)
+        batch, _ = phases.old_logprobs(
+            trainer.batch(groups, 1), trainer.context(1)
         )  # two mini-batches: the learner recomputes the old log-probs
     finally:
         trainer.close()

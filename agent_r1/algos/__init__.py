@@ -24,7 +24,7 @@ from agent_r1.algos.aggregation import (
     get_loss_aggregation,
     register_aggregation,
 )
-from agent_r1.algos.distill import distill_advantages, reverse_kl_per_token
+from agent_r1.algos.distill import distill_advantages, distill_tokens, reverse_kl_per_token
 from agent_r1.algos.kl import (
     KL_ESTIMATORS,
     KLConfig,
@@ -37,6 +37,7 @@ from agent_r1.algos.objective import PolicyObjective, ValueObjective
 from agent_r1.algos.off_policy import (
     OFF_POLICY_CORRECTIONS,
     OffPolicyConfig,
+    correct_tokens,
     get_off_policy_correction,
     off_policy_correction,
     register_off_policy_correction,
@@ -75,7 +76,9 @@ __all__ = [
     "aggregation_weights",
     "clipped_value_loss",
     "compute_advantages",
+    "correct_tokens",
     "distill_advantages",
+    "distill_tokens",
     "get_advantage_estimator",
     "get_kl_estimator",
     "get_loss_aggregation",

@@ -25,9 +25,13 @@ added after normalisation, so its scale is the KL's own (nats per token), not th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import Tensor
 
-__all__ = ["distill_advantages", "reverse_kl_per_token"]
+from agent_r1.algos.tokens import TokenFields
+
+__all__ = ["distill_advantages", "distill_tokens", "reverse_kl_per_token"]
 
 
 def reverse_kl_per_token(student_logprobs_T: Tensor, teacher_logprobs_T: Tensor, mask_T: Tensor) -> Tensor:
@@ -48,3 +52,22 @@ def distill_advantages(
     ``rkl_T`` itself; all (T,) in the batch's flat token order (see the module docstring)."""
     rkl_T = reverse_kl_per_token(student_logprobs_T, teacher_logprobs_T, mask_T)
     return (reward_weight * advantages_T - coef * rkl_T) * mask_T, rkl_T
+
+
+def distill_tokens(
+    tokens: TokenFields, teacher_logprobs_T: Tensor, *, coef: float, reward_weight: float
+) -> tuple[TokenFields, dict[str, float]]:
+    """A batch's per-token fields with the teacher's log-probs and the distilled advantages
+    (``distill_advantages`` against the sampler's log-probs: each step's own policy version), and
+    ``distill/reverse_kl``, the mean reverse KL per action token."""
+    advantages_T, rkl_T = distill_advantages(
+        tokens.advantages,
+        tokens.sampler_logprobs,
+        teacher_logprobs_T,
+        tokens.mask,
+        coef=coef,
+        reward_weight=reward_weight,
+    )
+    reverse_kl = float(rkl_T.sum() / tokens.mask.sum().clamp(min=1))
+    fields = replace(tokens, teacher_logprobs=teacher_logprobs_T, advantages=advantages_T)
+    return fields, {"distill/reverse_kl": reverse_kl}

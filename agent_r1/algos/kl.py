@@ -17,7 +17,7 @@ Two ways to use it (``KLConfig.penalty`` picks one; never both for the same beta
   gradient — so use ``k3`` (GRPO) or ``k2``, not ``k1``, as a loss.
 - **Reward penalty** (InstructGPT, arXiv 2203.02155): ``kl_reward_penalty(table, beta, kind)`` stores
   ``-beta * KL_t`` per trained token in ``StepTable.token_rewards``, computed from the behaviour
-  policy's ``old_logprobs`` before the advantages. Where it lands for step-level data: ``gae_token``
+  policy's log-probs (``StepTable.behaviour_logprobs``) before the advantages. Where it lands for step-level data: ``gae_token``
   credits each token's penalty on that token; every step-level and trajectory-level estimator adds a
   step's summed penalty to that step's reward R_k (``step_table.step_rewards``). ``k1`` is the usual
   choice here (verl's and OpenRLHF's default).
@@ -120,11 +120,13 @@ def kl_penalty(
 
 
 def kl_reward_penalty(table: StepTable, beta: float, kind: str = "k1") -> StepTable:
-    """The table with ``-beta * KL_t`` (from ``old_logprobs`` vs ``ref_logprobs``) added to ``token_rewards``
+    """The table with ``-beta * KL_t`` (from ``behaviour_logprobs`` vs ``ref_logprobs``) added to ``token_rewards``
     on every trained token; see the module docstring for where estimators credit it."""
     if table.ref_logprobs is None:
         raise ValueError("kl_reward_penalty needs StepTable.ref_logprobs (the reference policy's log-probs)")
-    penalty_NL = -beta * kl_penalty(table.old_logprobs, table.ref_logprobs, kind, mask=table.response_mask)
+    penalty_NL = -beta * kl_penalty(
+        table.behaviour_logprobs, table.ref_logprobs, kind, mask=table.response_mask
+    )
     if table.token_rewards is not None:
         penalty_NL = table.token_rewards + penalty_NL
     return replace(table, token_rewards=penalty_NL)

@@ -29,16 +29,18 @@ and max; the weight's mean; the fraction of tokens dropped.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from agent_r1.algos.registry import InvalidOption, Registry
+from agent_r1.algos.tokens import TokenFields
 
 __all__ = [
     "OFF_POLICY_CORRECTIONS",
     "OffPolicyConfig",
+    "correct_tokens",
     "get_off_policy_correction",
     "off_policy_correction",
     "register_off_policy_correction",
@@ -164,3 +166,20 @@ def off_policy_correction(
             "off_policy/dropped_fraction": float(1 - keep[live].float().mean()),
         }
     return weight, keep, metrics
+
+
+def correct_tokens(tokens: TokenFields, cfg: OffPolicyConfig) -> tuple[TokenFields, dict[str, float]]:
+    """The configured correction of a batch's per-token fields (``tokens.old_logprobs``, the learner's,
+    against ``tokens.sampler_logprobs``): the fields with ``off_policy_weight`` and ``off_policy_keep``
+    set, and the correction's metrics. ``cfg.name == "none"``: the fields unchanged, no metrics."""
+    if cfg.name == "none":
+        return tokens, {}
+    weight_T, keep_T, metrics = off_policy_correction(
+        tokens.old_logprobs,
+        tokens.sampler_logprobs,
+        tokens.mask,
+        cfg,
+        step_ids=tokens.step_ids,
+        traj_ids=tokens.traj_ids,
+    )
+    return replace(tokens, off_policy_weight=weight_T, off_policy_keep=keep_T.float()), metrics

@@ -16,7 +16,8 @@ Layout (N steps, L = the longest response; per-token tensors are right-padded to
 | ``state_index`` | (N,) long | equal ids = the step starts from the same state (see below) |
 | ``step_values`` | (N,) float, optional | a step-level critic's value of the step's start state |
 | ``response_mask`` | (N, L) float | 1 for trained (model-generated) tokens; 0 for padding and forced tokens |
-| ``old_logprobs`` | (N, L) float | log-probs of the response tokens under the behaviour policy |
+| ``sampler_logprobs`` | (N, L) float | log-probs the rollout engine sampled the response tokens with |
+| ``old_logprobs`` | (N, L) float, optional | the learner's recomputation of the behaviour policy's (PPO's old policy) |
 | ``ref_logprobs`` | (N, L) float, optional | log-probs under the frozen reference policy |
 | ``token_values`` | (N, L) float, optional | a token-level critic's values, V(s) before each token |
 | ``token_rewards`` | (N, L) float, optional | extra per-token rewards, e.g. the KL penalty (``kl.kl_reward_penalty``) |
@@ -69,8 +70,8 @@ length, or padded to L), in table row order."""
 
 _PER_STEP = ("traj_index", "group_index", "step_index", "reward", "outcome_reward", "done", "state_index")
 _OPTIONAL_PER_STEP = ("step_values",)
-_PER_TOKEN = ("response_mask", "old_logprobs")
-_OPTIONAL_PER_TOKEN = ("ref_logprobs", "token_values", "token_rewards")
+_PER_TOKEN = ("response_mask", "sampler_logprobs")
+_OPTIONAL_PER_TOKEN = ("old_logprobs", "ref_logprobs", "token_values", "token_rewards")
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,9 @@ class StepTable:
     done: Tensor  # (N,) bool
     state_index: Tensor  # (N,) long
     response_mask: Tensor  # (N, L) float
-    old_logprobs: Tensor  # (N, L) float
+    sampler_logprobs: Tensor  # (N, L) float
     step_values: Tensor | None = None  # (N,) float
+    old_logprobs: Tensor | None = None  # (N, L) float
     ref_logprobs: Tensor | None = None  # (N, L) float
     token_values: Tensor | None = None  # (N, L) float
     token_rewards: Tensor | None = None  # (N, L) float
@@ -151,6 +153,11 @@ class StepTable:
     def max_response_len(self) -> int:
         return self.response_mask.shape[1]
 
+    @property
+    def behaviour_logprobs(self) -> Tensor:
+        """The behaviour policy's log-probs: the learner's recomputation when set, else the sampler's."""
+        return self.sampler_logprobs if self.old_logprobs is None else self.old_logprobs
+
     def sorted_rows(self) -> Tensor:
         """Row indices ordered by (trajectory, step index): each trajectory's steps, in order. (N,)"""
         by_step = torch.argsort(self.step_index, stable=True)
@@ -176,8 +183,8 @@ class StepTable:
     ) -> StepTable:
         """Flatten groups into a table: rows are groups, then trajectories, then steps, in order.
 
-        ``old_logprobs`` are the sampler's ``Step.logprobs``; replace them (``dataclasses.replace``)
-        with the learner's recomputed log-probs when the trainer recomputes them. Optional per-step /
+        ``sampler_logprobs`` are the sampler's ``Step.logprobs``; ``old_logprobs`` (the learner's
+        recomputation) are set with ``dataclasses.replace`` when the trainer has them. Optional per-step /
         per-token values are given in the same row order. Raises ValueError on a trajectory with
         status ERROR (the caller drops those; see the module docstring).
         """
@@ -250,7 +257,7 @@ class StepColumns:
             done=torch.tensor(self.done, dtype=torch.bool),
             state_index=torch.tensor(self.state_index, dtype=torch.long),
             response_mask=_pad_rows(self.masks, width, "response_mask"),
-            old_logprobs=_pad_rows(self.logprobs, width, "old_logprobs"),
+            sampler_logprobs=_pad_rows(self.logprobs, width, "sampler_logprobs"),
             step_values=None if step_values is None else _per_step(step_values, n, "step_values"),
             ref_logprobs=None if ref_logprobs is None else _per_token(ref_logprobs, n, width, "ref_logprobs"),
             token_values=None if token_values is None else _per_token(token_values, n, width, "token_values"),

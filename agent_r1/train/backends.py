@@ -559,27 +559,12 @@ def backend_config(config: TrainConfig, parts: BackendParts | None = None) -> Tr
     return absolute_paths(config)
 
 
-def make_backends(
-    config: TrainConfig,
-    tokenizer,
-    *,
-    model=None,
-    engine=None,
-    flow: AgentFlow | None = None,
-    eval_flow: AgentFlow | None = None,
-    env_factory: Callable[[], Any] | None = None,
-    with_eval: bool = True,
-    runtime_env: dict | None = None,
-) -> Backends:
+def make_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backends:
     """The rollout and learner backends of ``config`` (``distributed.backend``): in this process, or
-    on Ray (``runtime_env``: the actors' runtime environment).
-
-    ``model`` / ``engine`` / ``flow`` / ``eval_flow`` / ``env_factory``: parts built by the caller that
-    replace the configured ones (in this process only). ``with_eval``: build the evaluation flow."""
+    on Ray. ``config`` is ``backend_config``'s (checked against ``parts``, paths made absolute for a
+    remote backend); ``parts``: what the caller built (``BackendParts``)."""
     from agent_r1.train.teacher import check_teacher
 
-    parts = BackendParts(model, engine, flow, eval_flow, env_factory, with_eval, runtime_env)
-    config = backend_config(config, parts)
     check_teacher(config, tokenizer)  # before any model loads
     module, _, function = BACKENDS[config.distributed.backend].build.partition(":")
     return getattr(importlib.import_module(module), function)(config, tokenizer, parts)

@@ -5,9 +5,11 @@ index (the step table's ``traj_index``) and its steps get consecutive step rows;
 walk fills the step table's columns (``agent_r1.algos.StepColumns``), the flat token order's row
 offsets (``agent_r1.train.batching.StepRows``) and the trajectory's training sequences
 (``trajectory_sequences``: steps that extend each other share one). Everything else is derived from
-those: the per-token fields (``agent_r1.algos.TokenFields``), the step's mini-batch partition and
-each mini-batch's packed micro-batches (prefix trees, token budget), so every view of the batch
-agrees by construction.
+those: the per-token fields (``agent_r1.algos.TokenFields``), the step's mini-batch partition, each
+mini-batch's token mask and packed micro-batches (prefix trees, token budget), so every view of the
+batch agrees by construction and every epoch reads the same views. It is the one builder of
+training data: the trainer, SFT, the benchmarks and the tests all lay trajectories out through it
+(``batch_of`` for trajectories outside groups).
 
 The batch is frozen. A phase that computes per-token data (old or reference log-probs, values, the
 off-policy weights, a teacher's log-probs, the advantages) returns it, and the trainer enriches the
@@ -31,6 +33,7 @@ from agent_r1.train import segment_attention
 from agent_r1.train.batching import (
     MicroBatch,
     StepRows,
+    TrainSequence,
     attention_pair_cost,
     count_tokens,
     pack_trees,
@@ -40,7 +43,7 @@ from agent_r1.train.batching import (
 from agent_r1.train.learner import MASKABLE_KERNELS
 from agent_r1.types import Trajectory, TrajectoryGroup, TrajectoryStatus
 
-__all__ = ["TrainBatch", "build_batch", "hash_seed", "keep_groups", "prefix_pair_cost"]
+__all__ = ["TrainBatch", "batch_of", "build_batch", "hash_seed", "keep_groups", "prefix_pair_cost"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +77,10 @@ class TrainBatch:
     ``trajectories[i]`` is trajectory index i of ``table.traj_index`` and ``rows.trajectory_index``
     (the kept trajectories that have steps, in group order). ``rows`` is the flat token order;
     ``table`` its padded one-row-per-step view (row n's tokens are ``valid_NL[n]``).
-    ``mini_batch_trajectories[j]``: the trajectory indices of mini-batch j, ``micro_batches[j]`` its
-    packed micro-batches; together they score every token exactly once.
+    ``mini_batch_trajectories[j]``: the trajectory indices of mini-batch j, ``mini_batch_masks[j]``
+    its tokens (1.0 on the flat tokens of its trajectories), ``micro_batches[j]`` its packed
+    micro-batches; together they score every token exactly once. ``sequences``: the training
+    sequences the micro-batches were packed from (``trajectory_sequences``), in trajectory order.
     """
 
     groups: tuple[TrajectoryGroup, ...]
@@ -85,7 +90,9 @@ class TrainBatch:
     valid_NL: Tensor  # (N, L) bool: which padded entries of the table are real tokens
     tokens: TokenFields
     mini_batch_trajectories: tuple[Tensor, ...]
+    mini_batch_masks: tuple[Tensor, ...]  # (num_tokens,) float each
     micro_batches: tuple[tuple[MicroBatch, ...], ...]
+    sequences: tuple[TrainSequence, ...]
     train_tokens: int  # tokens the layout's forward passes process (a shared prefix counts once)
     step_layout_tokens: int  # tokens one row per step (prompt + response) would process
 
@@ -102,6 +109,27 @@ class TrainBatch:
         out_NL = torch.zeros(self.valid_NL.shape, dtype=flat.dtype)
         out_NL[self.valid_NL] = flat
         return out_NL
+
+    def step_table(self) -> StepTable:
+        """The step table with the per-token phases' results so far (the learner's old log-probs, the
+        critic's values, the reference log-probs) as its padded (N, L) columns: what the advantage
+        estimators read."""
+        tokens, columns = self.tokens, {}
+        if tokens.old_logprobs is not None:
+            columns["old_logprobs"] = self.to_padded(tokens.old_logprobs)
+        if tokens.old_values is not None:
+            values_NL = self.to_padded(tokens.old_values)
+            columns.update(token_values=values_NL, step_values=values_NL[:, 0])
+        if tokens.ref_logprobs is not None:
+            columns["ref_logprobs"] = self.to_padded(tokens.ref_logprobs)
+        return replace(self.table, **columns)
+
+    def first_token_mask(self) -> Tensor:
+        """(num_tokens,) 1.0 on each step's first response token: where a step-level value is read."""
+        mask_T = torch.zeros(self.num_tokens)
+        starts = [o for o, s in zip(self.rows.offsets, self.rows.steps, strict=True) if s.response_ids]
+        mask_T[starts] = 1.0
+        return mask_T
 
     def with_tokens(self, **fields: Tensor | None) -> TrainBatch:
         """This batch with per-token ``fields`` set (a phase's result)."""
@@ -136,20 +164,29 @@ def keep_groups(
     return kept, {"filter/kept_groups": float(len(kept)), "filter/zero_variance_groups": float(zero_variance)}
 
 
+def batch_of(trajectories: Sequence[Trajectory], **layout: Any) -> TrainBatch:
+    """``build_batch`` of trajectories that belong to no group (one group holds them all): SFT's
+    demonstrations, a benchmark's or a test's hand-built trajectories."""
+    return build_batch([TrajectoryGroup("batch", "batch", tuple(trajectories))], **layout)
+
+
 def build_batch(
     groups: Sequence[TrajectoryGroup],
     *,
-    mini_batches: int,
     micro_batch_tokens: int,
-    pair_cost: float | None,
-    seed: int,
-    step: int,
+    mini_batches: int = 1,
+    pair_cost: float | None = None,
+    merge: bool = True,
+    seed: int = 0,
+    step: int = 0,
 ) -> TrainBatch:
-    """The step's batch from its kept groups (no ERROR trajectories: ``Trainer.filter`` drops them).
+    """The step's batch from its kept groups (no ERROR trajectories: ``keep_groups`` drops them).
 
     ``mini_batches``: how many parts the trajectories are split into (drawn by ``(seed, step)``);
     ``micro_batch_tokens``: the token budget of one packed micro-batch; ``pair_cost``: the prefix-tree
-    cost model's attention weight (None: no prefix sharing, ``agent_r1.train.batching``)."""
+    cost model's attention weight (None: no prefix sharing, ``agent_r1.train.batching``); ``merge``:
+    steps that extend each other share a training sequence (False: one sequence per step, the layout
+    a benchmark compares against)."""
     columns = StepColumns()
     trajectories: list[Trajectory] = []
     steps, owner, offsets, lengths = [], [], [], []
@@ -164,7 +201,7 @@ def build_batch(
             index = len(trajectories)
             trajectories.append(trajectory)
             columns.add(g, trajectory)
-            for trajectory_sequence in trajectory_sequences(trajectory, len(steps)):
+            for trajectory_sequence in trajectory_sequences(trajectory, len(steps), merge=merge):
                 sequences.append(trajectory_sequence)
                 sequence_traj.append(index)
             for s in trajectory.steps:
@@ -182,7 +219,7 @@ def build_batch(
         mask=table.response_mask[valid_NL],
         step_ids=torch.arange(len(steps)).repeat_interleave(lengths_N),
         traj_ids=table.traj_index.repeat_interleave(lengths_N),
-        sampler_logprobs=table.old_logprobs[valid_NL],
+        sampler_logprobs=table.sampler_logprobs[valid_NL],
     )
     parts = _partition(table, mini_batches, hash_seed(seed, step))
     sequence_traj_S = torch.tensor(sequence_traj, dtype=torch.long)
@@ -193,6 +230,7 @@ def build_batch(
         trees = share_prefixes(chosen, pair_cost=pair_cost, max_width=micro_batch_tokens)
         packed.append(tuple(pack_trees(trees, rows, micro_batch_tokens)))
         train_tokens += count_tokens(trees)
+    masks = tuple(torch.isin(tokens.traj_ids, part).float() for part in parts)
     return TrainBatch(
         tuple(groups),
         tuple(trajectories),
@@ -201,7 +239,9 @@ def build_batch(
         valid_NL,
         tokens,
         tuple(parts),
+        masks,
         tuple(packed),
+        tuple(sequences),
         train_tokens,
         layout_tokens,
     )

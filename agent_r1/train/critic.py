@@ -19,6 +19,7 @@ Deviation from shared-body actor-critics: no parameters are shared with the poli
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +27,11 @@ from torch import Tensor, nn
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import ModelConfig
 
-__all__ = ["ValueModel", "load_critic", "micro_batch_values"]
+if TYPE_CHECKING:
+    from agent_r1.train.batch import TrainBatch
+    from agent_r1.train.phases import StepContext
+
+__all__ = ["ValueModel", "load_critic", "micro_batch_values", "values"]
 
 
 class ValueModel(nn.Module):
@@ -71,3 +76,14 @@ def micro_batch_values(
     inputs = model_inputs(body, micro_batch)
     values_BT = model(**inputs)
     return values_BT.flatten(0, 1)[micro_batch.logit_index_K.to(inputs["input_ids"].device)].float(), None
+
+
+def values(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:
+    """The learning phase ``values`` (``agent_r1.train.phases``): the critic's values before the
+    update, and the tokens its loss reads: each step's first token with a step-level critic
+    (``gae_step``), every trained token with a token-level one."""
+    if not context.learner.has_critic:
+        return batch, {}
+    values_T = context.learner.values(batch.all_micro_batches, batch.num_tokens)
+    value_mask_T = batch.first_token_mask() if context.needs.critic == "step" else batch.tokens.mask
+    return batch.with_tokens(old_values=values_T, value_mask=value_mask_T), {}

@@ -21,18 +21,26 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from agent_r1.algos import distill_tokens
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import ConfigError, DistillConfig, TrainConfig
 from agent_r1.train.learner import micro_batch_logprobs
 
+if TYPE_CHECKING:
+    from agent_r1.train.batch import TrainBatch
+    from agent_r1.train.phases import StepContext
+
 __all__ = [
     "LocalTeacher",
     "check_teacher",
+    "distill",
     "is_server",
     "load_teacher",
     "server_teacher_logprobs",
@@ -189,3 +197,22 @@ def server_teacher_logprobs(distill: DistillConfig, steps, offsets: Sequence[int
         n = len(step.response_ids)
         out_T[offset : offset + n] = torch.tensor(logprobs[len(step.prompt_ids) - 1 :], dtype=torch.float32)
     return out_T
+
+
+def distill(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:
+    """The learning phase ``teacher`` (``algorithm.distill``, on-policy distillation): the teacher's
+    log-probs of the sampled tokens (the learner's local teacher over the packed micro-batches, or a
+    server scoring each step's prompt + response), and ``-coef`` x the per-token reverse KL against
+    the sampler's log-probs (each step's own policy version) added to the advantages
+    (``agent_r1.algos.distill``); its metric ``distill/reverse_kl`` is the mean per action token."""
+    config = context.config.algorithm.distill
+    if not config.teacher:
+        return batch, {}
+    if is_server(config):
+        teacher_T = server_teacher_logprobs(config, batch.rows.steps, batch.rows.offsets, batch.num_tokens)
+    else:
+        teacher_T = context.learner.teacher_logprobs(batch.all_micro_batches, batch.num_tokens)
+    tokens, metrics = distill_tokens(
+        batch.tokens, teacher_T, coef=config.coef, reward_weight=config.reward_weight
+    )
+    return replace(batch, tokens=tokens), metrics

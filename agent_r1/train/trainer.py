@@ -1,7 +1,12 @@
 """The RL trainer: one step is a sequence of named, timed phases, top to bottom.
 
     sample tasks -> rollout -> score -> filter -> batch -> old log-probs -> reference -> values
-    -> advantages -> update -> sync weights -> log / eval / checkpoint
+    -> advantages -> teacher -> update -> sync weights -> log / eval / checkpoint
+
+The phases after the batch are units ``(batch, context) -> (batch, metrics)`` that live with what
+they serve (``agent_r1.train.phases.LEARNING_PHASES``); the trainer sequences and times them and
+holds no algorithm code. Which rollout a step trains on and when the engine takes new weights (sync
+or one step ahead) is ``agent_r1.train.schedule``.
 
 The loop exists once and runs on two backends (``agent_r1.train.backends``): a rollout backend and a
 learner backend, in this process or on Ray (``distributed.backend: ray``). The step's training data
@@ -16,7 +21,7 @@ Choices, and where they come from:
   ``Engine.update_weights`` (LoRA weights are merged into that copy); so does ``rollout.engine: vllm``,
   which can also sleep during each update (one GPU). All use exactly the sampler's distribution,
   ``log softmax(logits / temperature)`` over the full vocabulary.
-- **Old log-probs** for the PPO ratio: the learner's recomputation before the update (default, so that
+- **Old log-probs** (``agent_r1.train.phases``) for the PPO ratio: the learner's recomputation before the update (default, so that
   the first mini-batch's ratio is exactly 1) or the sampler's own (``algorithm.old_logprobs:
   sampler``); ``algorithm.off_policy`` corrects the sampler/learner mismatch by name (TIS, masked
   IS per step or trajectory, IcePop: ``agent_r1.algos.off_policy``), once per step.
@@ -48,13 +53,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agent_r1.algos import compute_advantages, distill_advantages, kl_reward_penalty, off_policy_correction
 from agent_r1.flows.base import AgentFlow
 from agent_r1.report.annotate import annotate
 from agent_r1.report.html import write_finished_report
@@ -73,11 +77,13 @@ from agent_r1.train.data import TaskSampler, config_tasks
 from agent_r1.train.evaluation import evaluate_rollouts
 from agent_r1.train.health import ZeroVarianceWatch, error_budget
 from agent_r1.train.learner import TokenLoss
+from agent_r1.train.phases import LEARNING_PHASES, StepContext
 from agent_r1.train.preemption import Preempted, PreemptionGuard, StopSampling
 from agent_r1.train.process import apply_process_settings
 from agent_r1.train.progress import progress_bar
 from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.run_dir import RunDir
+from agent_r1.train.schedule import Rollout, RolloutSchedule
 from agent_r1.train.summary import (
     RewardFn,
     RolloutSummary,
@@ -85,8 +91,6 @@ from agent_r1.train.summary import (
     summarize_rollout,
     trajectory_success,
 )
-from agent_r1.train.teacher import is_server, server_teacher_logprobs
-from agent_r1.train.update import ppo_update
 from agent_r1.types import Task, TrajectoryGroup
 
 __all__ = ["Trainer", "train"]
@@ -109,17 +113,6 @@ class _Timer:
             self.seconds[f"time/{phase}"] = (
                 self.seconds.get(f"time/{phase}", 0.0) + time.perf_counter() - start
             )
-
-
-@dataclass
-class _InFlight:
-    """An async rollout submitted ahead of the step that trains on it (``groups``: restored from a
-    checkpoint, already sampled)."""
-
-    step: int
-    job: Any = None
-    groups: list[TrajectoryGroup] | None = None
-    span: tuple[float | None, float | None] = (None, None)  # when it ran (unknown once restored)
 
 
 class Trainer:
@@ -172,8 +165,9 @@ class Trainer:
         runtime_env: dict | None = None,
         overwrite: bool = False,
     ) -> None:
+        parts = BackendParts(model, engine, flow, eval_flow, env_factory, runtime_env=runtime_env)
         # Checked before anything starts: Ray refuses objects built here, and reads absolute paths.
-        config = backend_config(config, BackendParts(model, engine, flow, eval_flow, env_factory))
+        config = backend_config(config, parts)
         self.config = config
         # Checked first: a refused resume should not wait for a model to load.
         self.resume_from = resume_checkpoint(
@@ -196,29 +190,16 @@ class Trainer:
         self.reward_fn = reward_fn
         self.objective = objective or policy_objective(config)
         self.value_objective = value_objective(config)
-        backends = make_backends(
-            config,
-            self.tokenizer,
-            model=model,
-            engine=engine,
-            flow=flow,
-            eval_flow=eval_flow,
-            env_factory=env_factory,
-            with_eval=self.val_tasks is not None,
-            runtime_env=runtime_env,
-        )
+        backends = make_backends(config, self.tokenizer, replace(parts, with_eval=self.val_tasks is not None))
         self.rollouts, self.learner = backends.rollouts, backends.learner
         self.model = backends.model  # the policy, when it lives in this process
         self.pair_cost = prefix_pair_cost(config, backends.model_config, backends.learner_device)
-        self.policy_version = 0
-        self.engine_version = 0  # the policy version the rollout backend samples with
         self.step = 0
         self.run_dir: RunDir | None = None
         self.resume = resume
-        self._in_flight: _InFlight | None = None
-        self._rollout_span: tuple[float | None, float | None] = (None, None)
         self.zero_variance = ZeroVarianceWatch()  # warns when nearly every group teaches nothing
         self.preemption = PreemptionGuard(trainer.preemption_grace_s)  # installed by fit
+        self.schedule = RolloutSchedule(config, self.rollouts, self.learner, self.preemption)
         self._saved_step = 0  # the newest checkpoint written by this process or resumed from
 
     # ------------------------------------------------------------------ the loop
@@ -275,31 +256,23 @@ class Trainer:
         timer = _Timer()
         with timer("step"):
             tasks = self.sampler.batch(step)
-            groups, kept, metrics = self.collect_groups(tasks, step, timer)
+            groups, kept, span, metrics = self.collect_groups(tasks, step, timer)
             batch = None
             learn_start = time.time()
             if kept:
                 with timer("batch"):
                     batch = self.batch(kept, step)
-                with timer("old_logprobs"):
-                    batch, correction_metrics = self.old_logprobs(batch)
-                with timer("reference"):
-                    batch = self.reference(batch)
-                with timer("values"):
-                    batch = self.values(batch)
-                with timer("advantage"):
-                    batch = self.advantages(batch)
-                with timer("teacher"):
-                    batch = self.distill(batch, metrics)
-                with timer("update"):
-                    self.rollouts.sleep()  # one GPU: the engine frees its memory for the update
-                    metrics.update(self.update(batch, step), **correction_metrics)
+                context = self.context(step)
+                for name, phase in LEARNING_PHASES:
+                    with timer(name):
+                        batch, phase_metrics = phase(batch, context)
+                    metrics.update(phase_metrics)
                 with timer("sync"):
                     self.rollouts.wake()
-                    self.sync_weights()
+                    self.schedule.new_version()
             else:
                 metrics["update/skipped"] = 1.0
-            metrics.update(self._timeline(learn_start, time.time()))
+            metrics.update(_timeline(span, learn_start, time.time()))
             metrics.update(self.rollouts.metrics())
             metrics.update(self.learner.metrics())
         if self.config.logging.dump_trajectories and self.run_dir is not None:
@@ -312,29 +285,28 @@ class Trainer:
 
     def collect_groups(self, tasks: Sequence[Task], step: int, timer: _Timer):
         """Phases 2-4 (rollout, score, filter), repeated for DAPO's resampling rounds; returns every
-        group rolled out, the kept ones and the rollout's metrics, after the error budget's check."""
-        with timer("rollout"):
-            groups = self.rollout(tasks, step)
-        with timer("score"):
-            groups = self.score(groups, tasks)
-        with timer("filter"):
-            kept, filter_metrics = self.filter(groups)
-        rounds = 0
-        while len(kept) < len(tasks) and rounds < self.config.algorithm.resample_rounds:
-            rounds += 1
-            extra = self.sampler.extra(step, rounds, len(tasks) - len(kept))
+        group rolled out, the kept ones, when the rollouts ran (first start, last end) and the
+        rollout's metrics, after the error budget's check."""
+        rounds, extra, kept, groups, spans = 0, tasks, [], [], []
+        while rounds == 0 or (len(kept) < len(tasks) and rounds <= self.config.algorithm.resample_rounds):
+            if rounds:
+                extra = self.sampler.extra(step, rounds, len(tasks) - len(kept))
             with timer("rollout"):
-                more = self.rollout(extra, step, resample=rounds)
+                rollout = self._rollout(extra, step, resample=rounds)
             with timer("score"):
-                more = self.score(more, extra)
+                more = self.score(rollout.groups, extra)
             with timer("filter"):
-                more_kept, _ = self.filter(more)
+                more_kept, more_metrics = self.filter(more)
+            if not rounds:
+                filter_metrics = more_metrics
             groups += more
             kept += more_kept[: len(tasks) - len(kept)]
+            spans.append((rollout.started, rollout.finished))
+            rounds += 1
         if self.config.algorithm.resample_rounds:
-            filter_metrics["filter/resample_rounds"] = float(rounds)
+            filter_metrics["filter/resample_rounds"] = float(rounds - 1)
             filter_metrics["filter/kept_groups"] = float(len(kept))
-        summary = summarize_rollout(groups, self.policy_version)
+        summary = summarize_rollout(groups, self.schedule.policy_version)
         metrics = {**summary.metrics, **filter_metrics}
         self.check_health(summary, groups, step)
         warning = self.zero_variance.observe(
@@ -346,69 +318,20 @@ class Trainer:
         )
         if warning:
             logger.warning(warning)
-        return groups, kept, metrics
+        return groups, kept, (spans[0][0], spans[-1][1]), metrics
 
     # ------------------------------------------------------------------ phases
 
     def rollout(self, tasks: Sequence[Task], step: int, *, resample: int = 0) -> list[TrajectoryGroup]:
         """Phase 2: ``rollout.n`` samples of every task, all concurrently, seeded by (seed, step, and
-        the DAPO resampling round if any); each step records the policy version that sampled it.
+        the DAPO resampling round if any); each step records the policy version that sampled it. In
+        async mode the rollout submitted ahead (``agent_r1.train.schedule``)."""
+        return self._rollout(tasks, step, resample=resample).groups
 
-        ``trainer.mode: async``: the rollout of step k + 1 is submitted before the update of step k
-        and runs while it trains (one-step-off-policy pipelining, as in AReaL, arXiv 2505.24298, and
-        verl's one-step-off async trainer), on a rollout thread in this process or on Ray's actors.
-        Sampling is paced by the learner, never dropped: at most one rollout runs ahead. With
-        ``trainer.partial_rollouts`` every update is pushed into the rollout in flight (its
-        trajectories continue with the new weights from their next step, ``sync_weights``);
-        otherwise engine weights are refreshed before a rollout is submitted whenever its
-        staleness (the version its update starts from minus the version that sampled it) would
-        exceed ``trainer.max_staleness``."""
-        cfg = self.config.trainer
-        if cfg.mode == "sync":
-            with self.preemption.stoppable():  # a preemption signal stops a sync rollout
-                return self._collect(self._submit(tasks, step, resample))
-        if self._in_flight is None or self._in_flight.step != step:
-            self._in_flight = _InFlight(step, self._submit(tasks, step))
-        groups = self._collect_in_flight()
-        self._in_flight = None
-        if step < cfg.steps:
-            # The next rollout is trained by the update after this one (learner version + 1).
-            if self.policy_version + 1 - self.engine_version > cfg.max_staleness:
-                self._push_weights()
-            self._in_flight = _InFlight(step + 1, self._submit(self.sampler.batch(step + 1), step + 1))
-        return groups
-
-    def _collect(self, job: Any) -> list[TrajectoryGroup]:
-        groups = self.rollouts.collect(job)
-        self._rollout_span = (getattr(job, "started", None), getattr(job, "finished", None))
-        return groups
-
-    def _collect_in_flight(self) -> list[TrajectoryGroup]:
-        """The rollout in flight's groups (waiting for it; collected once, e.g. by a checkpoint)."""
-        in_flight = self._in_flight
-        if in_flight.groups is None:
-            in_flight.groups = self._collect(in_flight.job)
-            in_flight.span = self._rollout_span
-        self._rollout_span = in_flight.span
-        return in_flight.groups
-
-    def _timeline(self, learn_start: float, learn_end: float) -> dict[str, float]:
-        """When the step's rollout and its learning phases ran (``time.time()``, so that a resumed run
-        continues the same clock): the report draws them as a timeline, so that the overlap of async
-        mode is visible."""
-        started, finished = self._rollout_span
-        spans = {"rollout": (started, finished), "update": (learn_start, learn_end)}
-        return {
-            f"timeline/{phase}_{edge}": moment
-            for phase, span in spans.items()
-            if None not in span
-            for edge, moment in zip(("start", "end"), span, strict=True)
-        }
-
-    def _submit(self, tasks: Sequence[Task], step: int, resample: int = 0):
-        """A rollout seeded by (seed, step) and ``resample``, its DAPO resampling round (0: the first)."""
-        seed = f"{self.config.trainer.seed}:train:{step}" + (f":resample{resample}" if resample else "")
-        return self.rollouts.submit(tasks, self.config.rollout.n, seed)
+    def _rollout(self, tasks: Sequence[Task], step: int, *, resample: int = 0) -> Rollout:
+        return self.schedule.rollout(
+            tasks, step, resample=resample, next_tasks=lambda: self.sampler.batch(step + 1)
+        )
 
     def score(self, groups: list[TrajectoryGroup], tasks: Sequence[Task]) -> list[TrajectoryGroup]:
         """Phase 3: the env already scored each trajectory; ``reward_fn`` (if given) replaces it."""
@@ -420,7 +343,7 @@ class Trainer:
 
     def batch(self, groups: list[TrajectoryGroup], step: int) -> TrainBatch:
         """Phase 5: the step's one batch (``agent_r1.train.batch``): token layout, step table,
-        mini-batches and their packed micro-batches."""
+        mini-batches, their token masks and packed micro-batches."""
         cfg = self.config.trainer
         return build_batch(
             groups,
@@ -431,114 +354,17 @@ class Trainer:
             step=step,
         )
 
-    def old_logprobs(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
-        """Phase 6: PPO's old log-probs and (``algorithm.off_policy``) the off-policy correction.
-
-        With one optimizer step per batch the policy has not moved since the rollout: the old
-        log-probs are the update's own, detached (``PolicyObjective``), so their extra forward pass is
-        skipped unless the off-policy correction needs them first."""
-        algorithm, tokens = self.config.algorithm, batch.tokens
-        off_policy = algorithm.off_policy
-        if algorithm.old_logprobs == "sampler":
-            batch = batch.with_tokens(old_logprobs=tokens.sampler_logprobs)
-        elif self.config.trainer.ppo_epochs * len(batch.micro_batches) > 1 or off_policy.name != "none":
-            batch = batch.with_tokens(
-                old_logprobs=self.learner.logprobs(batch.all_micro_batches, batch.num_tokens)
-            )
-        if off_policy.name == "none":
-            return batch, {}
-        weight_T, keep_T, metrics = off_policy_correction(
-            batch.tokens.old_logprobs,
-            tokens.sampler_logprobs,
-            tokens.mask,
-            off_policy,
-            step_ids=tokens.step_ids,
-            traj_ids=tokens.traj_ids,
+    def context(self, step: int) -> StepContext:
+        """What the learning phases 6-10 (``agent_r1.train.phases``) of ``step`` read besides the batch."""
+        return StepContext(
+            self.config,
+            self.learner,
+            self.rollouts,
+            step,
+            self.objective,
+            self.value_objective,
+            estimator_needs(self.config),
         )
-        return batch.with_tokens(off_policy_weight=weight_T, off_policy_keep=keep_T.float()), metrics
-
-    def reference(self, batch: TrainBatch) -> TrainBatch:
-        """Phase 7: the frozen reference policy's log-probs, for the KL term (``algorithm.kl.coef > 0``)."""
-        if self.config.algorithm.kl.coef <= 0:
-            return batch
-        ref_T = self.learner.logprobs(batch.all_micro_batches, batch.num_tokens, reference=True)
-        return batch.with_tokens(ref_logprobs=ref_T)
-
-    def values(self, batch: TrainBatch) -> TrainBatch:
-        """Phase 8: the critic's values before the update, and the tokens its loss reads: each step's
-        first token with a step-level critic, every trained token with a token-level one."""
-        if not self.learner.has_critic:
-            return batch
-        values_T = self.learner.values(batch.all_micro_batches, batch.num_tokens)
-        value_mask_T = batch.tokens.mask
-        if estimator_needs(self.config).critic == "step":  # one value per step: its first token's
-            value_mask_T = torch.zeros(batch.num_tokens)
-            lengths_N = batch.valid_NL.sum(1)
-            value_mask_T[(lengths_N.cumsum(0) - lengths_N)[lengths_N > 0]] = 1.0
-        return batch.with_tokens(old_values=values_T, value_mask=value_mask_T)
-
-    def advantages(self, batch: TrainBatch) -> TrainBatch:
-        """Phase 9: the configured estimator (``algorithm.advantage``) on the step table, with the
-        learner's old log-probs, the critic's values and (``algorithm.kl.penalty: reward``) the KL
-        penalty in the rewards; the advantages and the critic's returns join the batch."""
-        table, tokens = batch.table, batch.tokens
-        if tokens.old_logprobs is not None:
-            table = replace(table, old_logprobs=batch.to_padded(tokens.old_logprobs))
-        if tokens.old_values is not None:
-            values_NL = batch.to_padded(tokens.old_values)
-            table = replace(table, token_values=values_NL, step_values=values_NL[:, 0])
-        kl = self.config.algorithm.kl
-        if kl.coef > 0 and kl.penalty == "reward":
-            table = kl_reward_penalty(
-                replace(table, ref_logprobs=batch.to_padded(tokens.ref_logprobs)), kl.coef, kl.estimator
-            )
-        output = compute_advantages(table, self.config.algorithm.advantage)
-        returns = output.returns[batch.valid_NL] if self.learner.has_critic else None
-        return batch.with_tokens(advantages=output.advantages[batch.valid_NL], returns=returns)
-
-    def distill(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
-        """Phase 9b (``algorithm.distill``, on-policy distillation): the teacher's log-probs of the
-        sampled tokens (``agent_r1.train.teacher``: the learner's local teacher over the packed
-        micro-batches, or a server scoring each step's prompt + response), and ``-coef`` x the
-        per-token reverse KL against the sampler's log-probs (each step's own policy version) added
-        to the advantages (``agent_r1.algos.distill``); logs ``distill/reverse_kl``, its mean per
-        action token."""
-        distill = self.config.algorithm.distill
-        if not distill.teacher:
-            return batch
-        tokens = batch.tokens
-        if is_server(distill):
-            teacher_T = server_teacher_logprobs(
-                distill, batch.rows.steps, batch.rows.offsets, batch.num_tokens
-            )
-        else:
-            teacher_T = self.learner.teacher_logprobs(batch.all_micro_batches, batch.num_tokens)
-        advantages_T, rkl_T = distill_advantages(
-            tokens.advantages,
-            tokens.sampler_logprobs,
-            teacher_T,
-            tokens.mask,
-            coef=distill.coef,
-            reward_weight=distill.reward_weight,
-        )
-        metrics["distill/reverse_kl"] = float(rkl_T.sum() / tokens.mask.sum().clamp(min=1))
-        return batch.with_tokens(teacher_logprobs=teacher_T, advantages=advantages_T)
-
-    def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
-        """Phase 10: PPO's epochs over the step's mini-batches (``agent_r1.train.update``)."""
-        return ppo_update(self.learner, batch, step, self.config, self.objective, self.value_objective)
-
-    def sync_weights(self) -> None:
-        """Phase 11: a new policy version; sync mode and partial rollouts give it to the rollout backend
-        now (a rollout in flight takes it between requests), async mode without partial rollouts
-        when the staleness bound requires (``rollout``)."""
-        self.policy_version += 1
-        if self.config.trainer.mode == "sync" or self.config.trainer.partial_rollouts:
-            self._push_weights()
-
-    def _push_weights(self) -> None:
-        self.rollouts.update_weights(self.learner.weights(), self.policy_version)
-        self.engine_version = self.policy_version
 
     # ------------------------------------------------------------------ health, eval, dumps
 
@@ -563,15 +389,11 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """``agent_r1.train.evaluation.evaluate_rollouts`` on the validation tasks, sampled with the
-        newest weights."""
+        newest weights only (a rollout in flight completes first; the step that trains on it takes
+        its stored result)."""
         if not self.val_tasks:
             return {}
-        if self._in_flight is not None:
-            # The evaluation samples with the newest weights only: the in-flight rollout completes
-            # first (the step that trains on it takes its stored result).
-            self._collect_in_flight()
-        if self.engine_version != self.policy_version:
-            self._push_weights()
+        self.schedule.newest_weights()
         return evaluate_rollouts(
             self.rollouts, self.val_tasks, self.config, self.step, reward_fn=self.reward_fn
         )
@@ -586,14 +408,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
+    @property
+    def policy_version(self) -> int:
+        return self.schedule.policy_version
+
     def save_checkpoint(self, step: int, rng: dict | None = None) -> Path:
-        """Checkpoint ``step`` (``rng``: the RNG state to record, default the current one)."""
+        """Checkpoint ``step`` (``rng``: the RNG state to record, default the current one) with the
+        rollout schedule's state (``RolloutSchedule.state``)."""
         assert self.run_dir is not None
-        trainer_state = {"rng": rng or rng_state(), "policy_version": self.policy_version}
-        if self._in_flight is not None:
-            # Async: the next step's rollout is finished and saved with the checkpoint, so a resumed
-            # run trains exactly those samples — none lost, none sampled twice.
-            trainer_state["in_flight"] = {"step": self._in_flight.step, "groups": self._collect_in_flight()}
+        trainer_state = {"rng": rng or rng_state(), **self.schedule.state()}
         path = Path(self.learner.save_checkpoint(self.run_dir.checkpoints, step, trainer_state))
         self._saved_step = step
         return path
@@ -622,12 +445,8 @@ class Trainer:
         logger.info("resuming from %s", checkpoint)
         trainer_state = self.learner.load_checkpoint(checkpoint)
         set_rng_state(trainer_state["rng"])
-        self.policy_version = trainer_state["policy_version"]
-        self._push_weights()
+        self.schedule.restore(trainer_state)
         self.step = trainer_state["step"]
-        in_flight = trainer_state.get("in_flight")
-        if in_flight is not None and self.config.trainer.mode == "async":
-            self._in_flight = _InFlight(in_flight["step"], groups=in_flight["groups"])
         return self.step
 
     def close(self) -> None:
@@ -636,6 +455,19 @@ class Trainer:
             self.rollouts.close()
         finally:
             self.learner.close()
+
+
+def _timeline(span: tuple[float | None, float | None], learn_start: float, learn_end: float) -> dict:
+    """When the step's rollout and its learning phases ran (``time.time()``, so that a resumed run
+    continues the same clock): the report draws them as a timeline, so that the overlap of async mode
+    is visible."""
+    spans = {"rollout": span, "update": (learn_start, learn_end)}
+    return {
+        f"timeline/{phase}_{edge}": moment
+        for phase, span in spans.items()
+        if None not in span
+        for edge, moment in zip(("start", "end"), span, strict=True)
+    }
 
 
 def train(config: TrainConfig, **objects: Any) -> dict[str, float]:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -18,7 +19,10 @@ from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import MiniBatch, TokenLoss
 
-__all__ = ["loss_weights", "ppo_update"]
+if TYPE_CHECKING:
+    from agent_r1.train.phases import StepContext
+
+__all__ = ["loss_weights", "ppo_update", "update"]
 
 _CRITIC_NAMES = {
     "loss/policy": "loss/value",
@@ -58,6 +62,16 @@ def _test_delay(step: int, updates: int) -> None:
         time.sleep(float(seconds))
 
 
+def update(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:
+    """The learning phase ``update`` (``agent_r1.train.phases``): the rollout engine sleeps (one GPU:
+    it frees its memory for the update), then ``ppo_update``."""
+    context.rollouts.sleep()
+    metrics = ppo_update(
+        context.learner, batch, context.step, context.config, context.objective, context.value_objective
+    )
+    return batch, metrics
+
+
 def ppo_update(
     learner,
     batch: TrainBatch,
@@ -80,7 +94,7 @@ def ppo_update(
         generator = torch.Generator().manual_seed(hash_seed(config.trainer.seed, step, epoch))
         order = torch.randperm(splits, generator=generator).tolist() if splits > 1 else [0]
         for j in order:
-            in_mini_T = torch.isin(tokens.traj_ids, batch.mini_batch_trajectories[j]).float()
+            in_mini_T = batch.mini_batch_masks[j]
             mask_T = tokens.mask * in_mini_T * keep_T
             weights_T = loss_weights(mask_T, tokens, config)
             mini = MiniBatch(batch.micro_batches[j], weights_T, replace(tokens, mask=mask_T))

@@ -1,0 +1,96 @@
+"""The learning phases of a training step: after the batch is built, each phase is a unit
+``(batch, context) -> (batch, metrics)`` that returns the batch enriched with its per-token result
+(``TrainBatch.with_tokens``) and the metrics it measured. ``LEARNING_PHASES`` is their sequence; the
+trainer runs it in order and times each phase as ``time/<name>`` (docs/training.md, "One training
+step"). A phase lives with what it serves: the critic's values in ``agent_r1.train.critic``, the
+teacher in ``agent_r1.train.teacher``, PPO's epochs in ``agent_r1.train.update``; the algorithms
+they call are ``agent_r1.algos``' pure functions. A new capability is a new phase and one line in
+the sequence, never a branch in the trainer.
+
+A phase with nothing to do (no KL term, no critic, no teacher) returns the batch unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent_r1.algos import Needs, ValueObjective, compute_advantages, correct_tokens, kl_reward_penalty
+from agent_r1.train import critic, teacher, update
+from agent_r1.train.batch import TrainBatch
+from agent_r1.train.config import TrainConfig
+from agent_r1.train.learner import TokenLoss
+
+__all__ = ["LEARNING_PHASES", "Phase", "StepContext", "advantages", "old_logprobs", "reference"]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What the learning phases of step ``step`` read besides the batch: the configuration, the
+    learner and rollout backends (``agent_r1.train.backends``), the objectives and what the
+    configured estimator needs (``agent_r1.algos.Needs``)."""
+
+    config: TrainConfig
+    learner: Any  # a LearnerBackend
+    rollouts: Any  # a RolloutBackend (the update puts its engine to sleep)
+    step: int
+    objective: TokenLoss
+    value_objective: ValueObjective
+    needs: Needs
+
+
+Phase = Callable[[TrainBatch, StepContext], tuple[TrainBatch, dict[str, float]]]
+
+
+def old_logprobs(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:
+    """PPO's old log-probs and (``algorithm.off_policy``) the off-policy correction
+    (``agent_r1.algos.off_policy.correct_tokens``).
+
+    With one optimizer step per batch the policy has not moved since the rollout: the old log-probs
+    are the update's own, detached (``PolicyObjective``), so their extra forward pass is skipped
+    unless the off-policy correction needs them first."""
+    algorithm = context.config.algorithm
+    if algorithm.old_logprobs == "sampler":
+        batch = batch.with_tokens(old_logprobs=batch.tokens.sampler_logprobs)
+    elif (
+        context.config.trainer.ppo_epochs * len(batch.micro_batches) > 1
+        or algorithm.off_policy.name != "none"
+    ):
+        batch = batch.with_tokens(
+            old_logprobs=context.learner.logprobs(batch.all_micro_batches, batch.num_tokens)
+        )
+    tokens, metrics = correct_tokens(batch.tokens, algorithm.off_policy)
+    return replace(batch, tokens=tokens), metrics
+
+
+def reference(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:
+    """The frozen reference policy's log-probs, for the KL term (``algorithm.kl.coef > 0``)."""
+    if context.config.algorithm.kl.coef <= 0:
+        return batch, {}
+    ref_T = context.learner.logprobs(batch.all_micro_batches, batch.num_tokens, reference=True)
+    return batch.with_tokens(ref_logprobs=ref_T), {}
+
+
+def advantages(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:
+    """The configured estimator (``algorithm.advantage``) on the batch's step table (with the
+    learner's old log-probs and the critic's values) and, with ``algorithm.kl.penalty: reward``, the
+    KL penalty in the rewards; the advantages and the critic's returns join the batch."""
+    table = batch.step_table()
+    kl = context.config.algorithm.kl
+    if kl.coef > 0 and kl.penalty == "reward":
+        table = kl_reward_penalty(table, kl.coef, kl.estimator)
+    output = compute_advantages(table, context.config.algorithm.advantage)
+    returns = output.returns[batch.valid_NL] if context.learner.has_critic else None
+    return batch.with_tokens(advantages=output.advantages[batch.valid_NL], returns=returns), {}
+
+
+LEARNING_PHASES: tuple[tuple[str, Phase], ...] = (
+    ("old_logprobs", old_logprobs),
+    ("reference", reference),
+    ("values", critic.values),
+    ("advantage", advantages),
+    ("teacher", teacher.distill),
+    ("update", update.update),
+)
+"""The learning phases in order, each with the name it is timed and reported under."""

@@ -243,7 +243,9 @@ class StepResult:
     the outcome reaches them, like any step, through the advantage estimator.
     ``metrics``: numbers the environment counts for this step (an invalid action, a win), copied to
     ``Step.metrics``; the trainer logs each name as ``env/<name>``, the mean over the steps of the
-    batch that report it (so a name reported on the last step only is a per-trajectory rate).
+    batch that report it (so a name reported on the last step only is a per-trajectory rate). A
+    name ending in ``_per_trajectory`` is a count instead: summed over each trajectory's steps and
+    averaged over the rollout's trajectories (``context/summary_steps_per_trajectory``).
     """
 
     observation: Observation | None

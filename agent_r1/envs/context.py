@@ -490,6 +490,8 @@ def _summary_step(
         policy_version=completion.policy_version or 0,
         info={SUMMARY_STEP_KEY: {"turns": covered}},
         timings={"generate": generate_s},
+        # trained summary steps, counted in steps_per_trajectory too (agent_r1.train.summary)
+        metrics={"context/summary_steps_per_trajectory": 1.0},
     )
 
 

@@ -3,7 +3,9 @@ groups), the evaluation's, and the reward a ``reward_fn`` gives instead of the e
 
 Environment-specific counters are the environments' own: each ``Step.metrics`` name (``StepResult.metrics``)
 is averaged over the steps that report it — a name with a namespace (``tools/calls_per_step``) is
-logged as it is, a bare one (``invalid_actions``) as ``env/<name>``. Nothing here knows an env.
+logged as it is, a bare one (``invalid_actions``) as ``env/<name>`` — and a count (a name ending in
+``_per_trajectory``, e.g. the summary steps a context policy adds) is summed per trajectory and
+averaged over the trajectories. Nothing here knows an env.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from agent_r1.envs.context import SUMMARY_STEP_KEY
 from agent_r1.train.health import ErrorKind, add_error
 from agent_r1.types import Step, Task, Trajectory, TrajectoryGroup, TrajectoryStatus
 
@@ -25,6 +26,9 @@ __all__ = [
     "summarize_rollout",
     "trajectory_success",
 ]
+
+PER_TRAJECTORY = "_per_trajectory"
+"""The suffix of a ``Step.metrics`` name that counts per trajectory (``env_metrics``)."""
 
 RewardFn = Callable[[Trajectory, Task], float]
 
@@ -45,8 +49,22 @@ def env_metrics(steps: Iterable[Step]) -> dict[str, float]:
     reported: dict[str, list[float]] = {}
     for step in steps:
         for name, value in step.metrics.items():
+            if name.endswith(PER_TRAJECTORY):
+                continue  # a count: per trajectory (``trajectory_counts``)
             reported.setdefault(name if "/" in name else f"env/{name}", []).append(value)
     return {name: _mean(values) for name, values in sorted(reported.items())}
+
+
+def trajectory_counts(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Each counted ``Step.metrics`` name (ending in ``_per_trajectory``): its sum over a trajectory's
+    steps, averaged over ``trajectories`` (0 for one that reports none)."""
+    totals: dict[str, float] = {}
+    for t in trajectories:
+        for step in t.steps:
+            for name, value in step.metrics.items():
+                if name.endswith(PER_TRAJECTORY):
+                    totals[name] = totals.get(name, 0.0) + value
+    return {name: total / len(trajectories) for name, total in sorted(totals.items())}
 
 
 @dataclass(frozen=True)
@@ -67,10 +85,11 @@ def summarize_rollout(groups: Sequence[TrajectoryGroup], policy_version: int) ->
     and its errors by kind. A mean over none is left out, not logged as nan (``rollout/error_fraction`` says why)."""
     total = errors = sampled = 0
     kinds: dict[str, ErrorKind] = {}
-    rewards, successes, lengths, steps_per, truncated, step_limit, summaries = [], [], [], [], [], [], []
+    rewards, successes, lengths, steps_per, truncated, step_limit = [], [], [], [], [], []
     staleness, mixed = [], []
     env_wait, generate_wait = [], []  # seconds per trajectory (Step.timings)
     reported: list[Step] = []
+    usable: list[Trajectory] = []
     for group in groups:
         for index, t in enumerate(group.trajectories):
             total += 1
@@ -95,8 +114,7 @@ def summarize_rollout(groups: Sequence[TrajectoryGroup], policy_version: int) ->
             step_limit.append(
                 float(t.status is TrajectoryStatus.OK and bool(t.steps) and t.steps[-1].truncated)
             )
-            summary_steps = sum(SUMMARY_STEP_KEY in s.info for s in t.steps)
-            summaries.append(summary_steps)
+            usable.append(t)
             lengths += [len(s.response_ids) for s in t.steps]
             reported += [s for s in t.steps if s.metrics]
     metrics = {
@@ -109,8 +127,6 @@ def summarize_rollout(groups: Sequence[TrajectoryGroup], policy_version: int) ->
         "rollout/step_limit_fraction": _mean(step_limit),
         "throughput/sampled_tokens": float(sampled),
     }
-    if any(summaries):  # trained summary steps (``summarize``), counted in steps_per_trajectory too
-        metrics["context/summary_steps_per_trajectory"] = _mean(summaries)
     if staleness:
         metrics["async/staleness_mean"] = _mean(staleness)
         metrics["async/staleness_max"] = float(max(staleness))
@@ -121,6 +137,7 @@ def summarize_rollout(groups: Sequence[TrajectoryGroup], policy_version: int) ->
     if generate_wait:  # ... and waiting for the engine's responses (queueing included)
         metrics["time/generate_wait"] = _mean(generate_wait)
     metrics.update(env_metrics(reported))
+    metrics.update(trajectory_counts(usable))
     metrics = {name: value for name, value in metrics.items() if not math.isnan(value)}
     return RolloutSummary(metrics, total, kinds)
 

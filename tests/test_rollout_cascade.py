@@ -150,11 +150,14 @@ class PlanSpyEngine(HFEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.with_blocks = self.with_window = 0
+        forward = self._scheduler._forward
 
-    def _forward(self, input_ids_BS, mask_BT, position_ids_BS, cache, plan=None):
-        self.with_blocks += plan is not None and plan.blocks is not None
-        self.with_window += plan is not None and plan.window is not None
-        return super()._forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan)
+        def spied_forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan=None):
+            self.with_blocks += plan is not None and plan.blocks is not None
+            self.with_window += plan is not None and plan.window is not None
+            return forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan)
+
+        self._scheduler._forward = spied_forward
 
 
 def learner_logprobs(model, prompt, token_ids) -> torch.Tensor:

@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agent_r1.models.tiny import save_tiny_checkpoint
-from agent_r1.rollout import Engine, HFEngine, hf
-from agent_r1.rollout.hf import _padding_chunks
+from agent_r1.rollout import Engine, HFEngine, kv_cache
+from agent_r1.rollout.hf_scheduler import padding_chunks
 from agent_r1.rollout.sampling import sample_next_tokens
 from agent_r1.types import Completion, SamplingParams, StopReason
 
@@ -141,11 +141,11 @@ def test_next_turn_reuses_the_previous_turns_kv_exactly(model):
     gaps = asyncio.run(main())
     assert max(max(g) for g in gaps) < 1e-4, gaps
     assert engine.prefix_hits == 4 * 2  # every later turn of every trajectory
-    assert engine._prefixes
+    assert engine._scheduler._prefixes
     with torch.no_grad():  # a learner stepping the shared model in place...
         model.model.norm.weight.mul_(1.0)
     asyncio.run(engine.generate(prompt(4), SamplingParams(max_tokens=2)))
-    assert len(engine._prefixes) == 1  # ...makes every KV stored before it stale
+    assert len(engine._scheduler._prefixes) == 1  # ...makes every KV stored before it stale
     no_reuse = HFEngine(model, prefix_cache_entries=0)
     first = asyncio.run(no_reuse.generate(prompt(5), SamplingParams(max_tokens=3)))
     asyncio.run(no_reuse.generate(prompt(5) + list(first.token_ids) + [1], SamplingParams(max_tokens=3)))
@@ -184,10 +184,13 @@ class PrefillSpyEngine(HFEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.prefill_forwards: list[int] = []
+        prefill_rows = self._scheduler._prefill_rows
 
-    def _prefill_rows(self, prompts, stored, by_prompt):
-        self.prefill_forwards.append(len(prompts))
-        super()._prefill_rows(prompts, stored, by_prompt)
+        def spied_prefill_rows(prompts, stored, by_prompt):
+            self.prefill_forwards.append(len(prompts))
+            prefill_rows(prompts, stored, by_prompt)
+
+        self._scheduler._prefill_rows = spied_prefill_rows
 
 
 def test_joining_prompts_of_very_different_lengths_prefill_in_chunks_exactly(model):
@@ -240,10 +243,10 @@ def test_padding_chunks_is_the_cheapest_split(lengths, overhead):
     def cost(chunks):
         return sum(overhead + len(c) * max(lengths[i] for i in c) for c in chunks)
 
-    chunks = _padding_chunks(lengths, overhead)
+    chunks = padding_chunks(lengths, overhead)
     assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
     assert cost(chunks) == min(cost(p) for p in _partitions(list(range(len(lengths)))))
-    assert _padding_chunks(lengths, None) == [sorted(range(len(lengths)), key=lambda i: lengths[i])]
+    assert padding_chunks(lengths, None) == [sorted(range(len(lengths)), key=lambda i: lengths[i])]
 
 
 def test_rows_joining_and_leaving_at_random_keep_exact_logprobs(model):
@@ -284,7 +287,8 @@ def test_rows_joining_a_batch_are_written_in_place(model, monkeypatch):
     A hook around ``_decode`` (a test seam) holds the long row's steps while a short trajectory is
     between turns, so every join lands while the long row decodes, however fast the machine is."""
     engine = HFEngine(model, max_batch_size=4, eos_token_ids=())
-    decode, merge, put_rows = engine._decode, hf._Batch.merge, hf._GrowingLayer.put_rows
+    decode = engine._scheduler._decode
+    merge, put_rows = kv_cache.DecodeBatch.merge, kv_cache.GrowingLayer.put_rows
     joins, written, buffer_rows, submitted = [], [], [], []
 
     def spied_merge(batch, requests, cache, mask_BT, blocks):
@@ -298,15 +302,15 @@ def test_rows_joining_a_batch_are_written_in_place(model, monkeypatch):
 
     def hooked_decode():
         deadline = time.monotonic() + 60
-        while len(submitted) < 7 and len(engine._waiting) + len(engine._batch.requests) < 4:
+        while len(submitted) < 7 and len(engine._waiting) + len(engine._scheduler.requests) < 4:
             assert time.monotonic() < deadline, "a short trajectory's next turn never arrived"
             time.sleep(0.001)
-        buffer_rows.append({layer._key_buffer.shape[0] for layer in engine._batch.cache.layers})
+        buffer_rows.append({layer._key_buffer.shape[0] for layer in engine._scheduler._batch.cache.layers})
         decode()
 
-    monkeypatch.setattr(hf._Batch, "merge", spied_merge)
-    monkeypatch.setattr(hf._GrowingLayer, "put_rows", spied_put_rows)
-    engine._decode = hooked_decode
+    monkeypatch.setattr(kv_cache.DecodeBatch, "merge", spied_merge)
+    monkeypatch.setattr(kv_cache.GrowingLayer, "put_rows", spied_put_rows)
+    engine._scheduler._decode = hooked_decode
 
     async def turns(i: int, n_turns: int, max_tokens: int) -> list[tuple[list[int], Completion]]:
         ids, done = prompt(30 if i == 0 else 6 + 3 * i, 10 * i), []  # the long row is the widest too
@@ -422,7 +426,7 @@ def test_cancelled_request_leaves_the_others_running(model):
     ``_decode`` (a test seam) cancels the doomed task on the event loop at the 5th step and waits for
     the cancellation to land, so the survivor is live then however fast or slow the machine is."""
     engine = HFEngine(model, eos_token_ids=())
-    decode, steps, live_at_cancel = engine._decode, [], []
+    decode, steps, live_at_cancel = engine._scheduler._decode, [], []
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -437,11 +441,11 @@ def test_cancelled_request_leaves_the_others_running(model):
         def hooked_decode():
             steps.append(len(steps))
             if len(steps) == 5:
-                live_at_cancel.extend(r.params.max_tokens for r in engine._batch.requests)
+                live_at_cancel.extend(r.params.max_tokens for r in engine._scheduler.requests)
                 asyncio.run_coroutine_threadsafe(cancel_doomed(), loop).result()
             decode()
 
-        engine._decode = hooked_decode
+        engine._scheduler._decode = hooked_decode
         survived = await survivor
         return doomed, survived
 
@@ -449,7 +453,7 @@ def test_cancelled_request_leaves_the_others_running(model):
     assert sorted(live_at_cancel) == [40, 500]  # both rows were decoding when the one was cancelled
     assert doomed.cancelled()
     assert len(survivor.token_ids) == 40
-    assert all(r.params.max_tokens != 500 for r in engine._batch.requests)  # the cancelled row left
+    assert all(r.params.max_tokens != 500 for r in engine._scheduler.requests)  # the cancelled row left
 
 
 def test_update_weights_in_place(tiny_checkpoint, tmp_path, model):
@@ -529,7 +533,7 @@ EXIT_WHILE_DECODING = textwrap.dedent(
     threading.Thread(target=loop.run_forever, daemon=True).start()
     # held, so that the request's task stays referenced while it decodes
     pending = asyncio.run_coroutine_threadsafe(engine.generate([1, 2, 3], SamplingParams(max_tokens=100_000)), loop)
-    while not engine._batch.requests:  # decoding: ~2,000 steps to go before the context is full
+    while not engine._scheduler.requests:  # decoding: ~2,000 steps to go before the context is full
         time.sleep(0.001)
     """
 )

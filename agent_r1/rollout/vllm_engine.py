@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent_r1.rollout.base import NamedTensors
+from agent_r1.rollout.prompt_checks import refuse_prompt
 from agent_r1.types import Completion, SamplingParams, StopReason
 
 __all__ = ["VLLMEngine"]
@@ -79,23 +80,9 @@ class VLLMEngine:
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Sample one response; see ``agent_r1.rollout.base.Engine.generate``."""
         prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            return Completion((), (), StopReason.ABORT, error="empty prompt: nothing to condition on")
-        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            return Completion(
-                (),
-                (),
-                StopReason.ABORT,
-                error=f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}",
-            )
-        if len(prompt_ids) >= self.max_context:
-            return Completion(
-                (),
-                (),
-                StopReason.LENGTH,
-                error=f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context}",
-            )
+        refused = refuse_prompt(prompt_ids, vocab_size=self.vocab_size, max_context=self.max_context)
+        if refused is not None:
+            return refused
         loop = asyncio.get_running_loop()
         request = _Request(f"agent-r1-{next(self._ids)}", prompt_ids, params, loop, loop.create_future())
         with self._wakeup:

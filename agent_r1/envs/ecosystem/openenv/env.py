@@ -183,7 +183,7 @@ class OpenEnvEnv(AgentEnv):
         )
         tools = self.tools
         if tools is None:
-            tools = await session.query(serves_tools, "asking /mcp whether it serves tools")
+            tools = await session.query(serves_tools, "opening a session")
         if session.client_class is None:
             core = openenv_core()
             session.client_class = core.MCPToolClient if tools else core.GenericEnvClient
@@ -220,7 +220,7 @@ class OpenEnvEnv(AgentEnv):
                 "Environment[MyAction, ...] nor step(self, action: MyAction)); give action: 'module:Class'"
             )
         else:
-            schema = await self.session.query(action_schema, "reading the action schema at /schema")
+            schema = await self.session.query(action_schema, "reading its action schema")
             # The server says only "Invalid message" for an action it rejects: show the model the fields.
             fields = {
                 name: {k: v for k, v in spec.items() if k not in ("title", "description")}

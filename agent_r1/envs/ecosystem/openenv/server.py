@@ -15,13 +15,14 @@ import tempfile
 import threading
 import time
 import typing
+import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
 from agent_r1.envs.ecosystem.openenv.errors import OpenEnvError
 
-__all__ = ["SERVER_KEYS", "LocalServer", "action_schema", "serves_tools"]
+__all__ = ["SERVER_KEYS", "LocalServer", "RequestFailed", "action_schema", "serves_tools"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +55,25 @@ def _free_port() -> int:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+class RequestFailed(OSError):
+    """An HTTP request to an OpenEnv server got no JSON answer; the message names the request."""
+
+
 def _http(url: str, payload: Mapping[str, Any] | None = None, timeout: float = 5.0) -> Any:
-    """GET (or POST ``payload`` as JSON) and decode the JSON answer; proxies are bypassed (local)."""
+    """GET (or POST ``payload`` as JSON) and decode the JSON answer; proxies are bypassed (local).
+    Any failure is a ``RequestFailed`` naming the method and URL tried."""
     data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with _NO_PROXY.open(request, timeout=timeout) as response:
-        return json.loads(response.read())
+    tried = f"{request.get_method()} {url}"
+    try:
+        with _NO_PROXY.open(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        raise RequestFailed(f"{tried}: the server answered HTTP {error.code} {error.reason}") from error
+    except urllib.error.URLError as error:
+        raise RequestFailed(f"{tried}: cannot connect: {error.reason}") from error
+    except (OSError, ValueError) as error:  # a timeout or a broken connection while reading; not JSON
+        raise RequestFailed(f"{tried}: {type(error).__name__}: {error}") from error
 
 
 class LocalServer:
@@ -203,8 +217,10 @@ def action_schema(base_url: str) -> dict[str, Any]:
 
 def serves_tools(base_url: str) -> bool:
     """Whether a server's environment is an MCP tool environment: OpenEnv's own test, a stateless
-    ``tools/list`` on ``/mcp`` (a non-MCP environment answers "does not support MCP")."""
+    ``tools/list`` on ``/mcp`` (a non-MCP environment answers "does not support MCP"). Asked after
+    ``GET /health``, so that a server that is not there fails as such, not as a failed MCP probe."""
     if base_url not in _TOOL_SERVERS:
+        _http(f"{base_url}/health")
         answer = _http(f"{base_url}/mcp", {"jsonrpc": "2.0", "method": "tools/list", "params": {}, "id": 1})
         _TOOL_SERVERS[base_url] = "result" in answer and "tools" in (answer["result"] or {})
     return _TOOL_SERVERS[base_url]

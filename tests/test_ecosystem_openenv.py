@@ -501,6 +501,18 @@ def test_a_server_that_is_not_there_is_an_error_not_a_hang(tokenizer):
         play(env, tokenizer, {"id": "x"}, [])
 
 
+def test_a_server_that_is_not_there_is_named_by_the_request_tried_not_as_an_mcp_probe(tokenizer):
+    # tools: None (the default) asks the server first whether it serves MCP tools; a server that is
+    # not there fails at the first request, which says so without talking of MCP.
+    env = make_env("openenv", tokenizer=tokenizer, base_url="http://127.0.0.1:9", timeout_s=5)
+    with pytest.raises(OpenEnvError) as failure:
+        play(env, tokenizer, {"id": "x"}, [])
+    message = str(failure.value)
+    assert message.startswith("OpenEnv server http://127.0.0.1:9: opening a session failed: ")
+    assert "GET http://127.0.0.1:9/health: cannot connect" in message
+    assert "mcp" not in message.lower()
+
+
 def test_an_in_process_environment_without_an_action_class_asks_for_one(tokenizer):
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import State

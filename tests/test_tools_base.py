@@ -1,6 +1,7 @@
 """@tool schemas, argument validation, errors as results, timeouts, concurrency and truncation."""
 
 import asyncio
+import contextvars
 import enum
 import json
 import re
@@ -505,6 +506,24 @@ def test_execute_runs_sync_calls_concurrently_in_threads():
     calls = [ToolCall("meet", {"label": "a"}), ToolCall("meet", {"label": "b"})]
     results = run(ToolSet([meet]).execute(calls))
     assert [(r.content, r.is_error) for r in results] == [("a", False), ("b", False)]
+
+
+def test_a_sync_tool_sees_the_callers_context_variables():
+    request_id = contextvars.ContextVar("request_id", default="unset")
+
+    @tool
+    def whose(name: str) -> str:
+        """Say which request this call belongs to (``name``: an argument the thread bridge must not take)."""
+        return f"{name}:{request_id.get()}"
+
+    async def as_request(label: str) -> ToolResult:
+        request_id.set(label)  # each task runs in its own context
+        return await whose(ToolCall("whose", {"name": "n"}))
+
+    async def two_requests() -> list[ToolResult]:
+        return await asyncio.gather(as_request("r1"), as_request("r2"))
+
+    assert [r.content for r in run(two_requests())] == ["n:r1", "n:r2"]
 
 
 def test_execute_truncates_long_outputs_with_a_marker():

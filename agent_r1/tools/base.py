@@ -41,18 +41,17 @@ arguments and unknown argument names.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import enum
 import inspect
 import json
 import re
-import threading
 import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from agent_r1.tools.threads import run_in_daemon_thread
 
 __all__ = [
     "Tool",
@@ -371,40 +370,7 @@ class FunctionTool(Tool):
     async def run(self, arguments: dict[str, Any]) -> Any:
         if self._is_async:
             return await self.fn(**arguments)
-        return await _run_in_daemon_thread(self.fn, arguments, f"tool-{self.name}")
-
-
-async def _run_in_daemon_thread(fn: Callable[..., Any], arguments: dict[str, Any], thread_name: str) -> Any:
-    """Run a sync function in a thread of its own and await its result.
-
-    Not ``asyncio.to_thread``: its shared executor has ``min(32, cpus + 4)`` workers, so with many
-    rollouts calls would queue (and spend their timeout waiting), and ``asyncio.run`` joins its
-    threads at exit, so one hung tool would hang the program. A thread cannot be killed: after a
-    timeout it runs to completion in the background while the model already reads the timeout error.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-    context = contextvars.copy_context()
-
-    def deliver(result: Any, error: BaseException | None) -> None:
-        if future.cancelled():
-            return
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-
-    def target() -> None:
-        try:
-            outcome: tuple[Any, BaseException | None] = (context.run(fn, **arguments), None)
-        except BaseException as e:
-            outcome = (None, e)
-        # RuntimeError: the event loop has closed, so nobody waits for this result any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(deliver, *outcome)
-
-    threading.Thread(target=target, name=thread_name, daemon=True).start()
-    return await future
+        return await run_in_daemon_thread(f"tool-{self.name}", self.fn, **arguments)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -43,6 +43,16 @@ class PolicyObjective:
     def uses_reference(self) -> bool:
         return self.kl.coef > 0 and self.kl.penalty == "loss"
 
+    def vanishes_at(self, tokens: TokenFields, index_K: Tensor, weights: Tensor) -> bool:
+        """Whether the loss is exactly zero on the tokens ``index_K`` (of the batch's flat order), so
+        that a learner may skip their forward and backward passes: every policy loss is the advantage
+        times a function of the ratio, so it vanishes where every weighted token's advantage is zero
+        and no KL or entropy term is added."""
+        if self.uses_reference or self.entropy_coef != 0 or tokens.advantages is None:
+            return False
+        live_K = weights[index_K] != 0
+        return not bool((tokens.advantages[index_K][live_K] != 0).any())
+
     def __call__(
         self, logprobs_K: Tensor, entropy_K: Tensor | None, tokens: TokenFields
     ) -> tuple[Tensor, dict[str, float]]:

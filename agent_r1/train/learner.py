@@ -334,8 +334,16 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         if self.gradient_checkpointing:
             self.model.train()
-        active = [
+        weighted = [
             mb for mb in mini_batch.micro_batches if bool((mini_batch.weights[mb.flat_index_K] != 0).any())
+        ]
+        # A micro-batch whose loss is provably zero (``vanishes_at``: every advantage zero and no other
+        # term) is not forwarded: its gradient would be exactly zero.
+        vanishes_at = getattr(token_loss, "vanishes_at", None)
+        active = [
+            mb
+            for mb in weighted
+            if vanishes_at is None or not vanishes_at(mini_batch.tokens, mb.flat_index_K, mini_batch.weights)
         ]
         passes = self.sync.num_passes(len(active), backward=True)
         total_loss = 0.0
@@ -380,6 +388,12 @@ class Learner:
                         stat_sums[name] = stat_sums.get(name, 0.0) + value * active_tokens
         finally:
             self.model.eval()
+        if len(active) < len(weighted) and passes == 0:
+            # What the skipped backward passes would have left: exact zeros, so that the optimizer
+            # steps (momentum, weight decay) as it would have.
+            for param in self.trainable_parameters:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
         optimizer_start = time.perf_counter()
         totals = self.sync.reduce(
             {**stat_sums, _LOSS: total_loss, _WEIGHT: stat_weight, _NON_FINITE: 0.0 if finite else 1.0}
@@ -410,6 +424,8 @@ class Learner:
             "grad_norm": grad_norm,
             "lr": lr,
             "update/skipped": 0.0 if finite else 1.0,
+            # the share of this mini-batch's micro-batches not forwarded because their loss is zero
+            "update/zero_loss_skipped": (len(weighted) - len(active)) / max(len(weighted), 1),
             # this rank's seconds (docs/training.md, "Metrics"); ppo_update sums them over the step
             "time/learner_forward": forward_s,
             "time/learner_backward": backward_s,

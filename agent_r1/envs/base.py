@@ -105,8 +105,8 @@ def unknown_fields_message(row: Mapping[str, Any], known: Sequence[str], env: st
         return None
     hints = []
     for name in unknown:
-        close = difflib.get_close_matches(str(name), list(known), n=1)
-        hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        close = " or ".join(map(repr, difflib.get_close_matches(str(name), list(known), n=2)))
+        hints.append(f"{name!r} (did you mean {close}?)" if close else repr(name))
     return (
         f"unknown field(s) {', '.join(hints)} for env {env!r}, which reads only {list(known)}: "
         "rename or remove them"

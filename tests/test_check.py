@@ -136,7 +136,9 @@ def test_textarena_reset_refuses_an_unknown_row_field(tiny_tokenizer):
     from agent_r1.envs.ecosystem.textarena import TextArenaEnv
 
     env = TextArenaEnv(tiny_tokenizer, game="TicTacToe-v0")
-    with pytest.raises(ValueError, match=r"task a: unknown field\(s\) 'seet' \(did you mean 'seed' or 'seat'\?\)"):
+    with pytest.raises(
+        ValueError, match=r"task a: unknown field\(s\) 'seet' \(did you mean 'seed' or 'seat'\?\)"
+    ):
         run(env.reset({"id": "a", "seed": 0, "seet": 1}))
 
 
@@ -180,7 +182,10 @@ def test_a_missing_data_file(tiny_checkpoint, tmp_path, capsys):
     ("env", "key"),
     [
         ({"name": "agent_program", "kwargs": {"agent": "no_such_agents:solve"}}, "env.kwargs.agent"),
-        ({"name": "trl_environment", "kwargs": {"environment": "no_such_envs:Calc"}}, "env.kwargs.environment"),
+        (
+            {"name": "trl_environment", "kwargs": {"environment": "no_such_envs:Calc"}},
+            "env.kwargs.environment",
+        ),
         ({"name": "no_such_tools:make_env", "kwargs": {}}, "env.name"),
         ({"name": "textarena", "kwargs": {"opponent": "no_such_players:move"}}, "env.kwargs.opponent"),
     ],

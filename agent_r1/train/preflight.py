@@ -23,6 +23,7 @@ In order, each failure one ``ConfigError`` or ``DataError`` naming the key, the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from pathlib import Path
 from typing import Any
@@ -137,10 +138,8 @@ async def _reset_once(env, row: dict[str, Any], tokenizer, where: str, config: T
             f"start an episode: {type(error).__name__}: {error} (fix the row or env.kwargs)"
         ) from None
     finally:
-        try:
+        with contextlib.suppress(Exception):  # a failing close must not hide the reset's error
             await env.close()
-        except Exception:  # a close that fails after a failed reset must not hide the reset's error
-            pass
 
 
 PREFLIGHT_ERRORS = (ConfigError, DataError)

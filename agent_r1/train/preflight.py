@@ -2,7 +2,7 @@
 seconds. ``agent-r1 check`` prints its report; ``agent-r1 train`` and ``agent-r1 eval`` run it
 first, so that a mistake surfaces before the model loads, not at the step-0 evaluation.
 
-In order, each failure one ``ConfigError`` or ``DataError`` naming the key, the file and the row:
+In order, each failure one of ``PREFLIGHT_ERRORS`` naming the key, the file and the row:
 
 1. the devices and the attention kernel (``model.device``, ``model.attn_implementation``);
 2. ``env.name`` imported and ``env.kwargs`` checked by the env's ``check_kwargs`` (the import paths
@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agent_r1.models.loading import ModelNotFoundError, NoChatTemplateError
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.data import DataError, config_tasks
 
@@ -41,7 +42,6 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
     """Check ``config`` without loading weights (module docstring); return one line per check
     passed. ``splits``: the data keys to read, each required ("data.val" is skipped when unset
     unless it is the only one, as for ``agent-r1 eval``)."""
-    from agent_r1.models.loading import ModelNotFoundError, NoChatTemplateError
     from agent_r1.train.builders import (
         check_attention,
         check_env,
@@ -54,10 +54,7 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
     check_env(config)
     report.append(f"env.name {config.env.name!r}: imported; env.kwargs {sorted(config.env.kwargs)} checked")
     key = _check_model_source(config)
-    try:
-        tokenizer = load_config_tokenizer(config)
-    except (ModelNotFoundError, NoChatTemplateError) as error:
-        raise ConfigError(key, str(error)) from None
+    tokenizer = load_config_tokenizer(config)
     report.append(f"{key} {getattr(config.model, key.split('.')[1])!r}: tokenizer and chat template loaded")
     tasks = {}
     for split in splits:
@@ -82,25 +79,23 @@ def _check_model_source(config: TrainConfig) -> str:
     path = Path(value).expanduser()
     if path.is_dir():
         return key
-    where = (
-        "a relative path is taken from the working directory "
-        f"({Path.cwd()}), else from the config file's folder"
+    named = (
+        f"{key} = {value!r} is not a local folder (a relative path is taken from the working "
+        f"directory, {Path.cwd()}, else from the config file's folder)"
     )
     if path.exists():
-        raise ConfigError(key, f"{value!r} is a file; give the model's folder")
+        raise ModelNotFoundError(f"{key} = {value!r} is a file; give the model's folder")
     if not _HUB_NAME.fullmatch(value):
-        raise ConfigError(key, f"folder {value!r} not found ({where})")
+        raise ModelNotFoundError(f"{named}, nor a Hugging Face Hub name: give the model's folder")
     if not hub_reachable():
         go_offline()
         if not in_hub_cache(value):
             from huggingface_hub import constants
 
-            raise ConfigError(
-                key,
-                f"{value!r} is no local folder ({where}), and as a Hugging Face Hub name it is not in "
-                f"the local cache ({constants.HF_HUB_CACHE}) while the Hub ({constants.ENDPOINT}) "
-                "cannot be reached: give the model's folder, or download it beforehand "
-                f"(hf download {value})",
+            raise ModelNotFoundError(
+                f"{named}, and as a Hugging Face Hub name it is not in the local cache "
+                f"({constants.HF_HUB_CACHE}) while the Hub ({constants.ENDPOINT}) cannot be reached: give "
+                f"the model's folder, or download it beforehand (hf download {value})"
             )
     return key
 
@@ -142,5 +137,5 @@ async def _reset_once(env, row: dict[str, Any], tokenizer, where: str, config: T
             await env.close()
 
 
-PREFLIGHT_ERRORS = (ConfigError, DataError)
-"""What ``preflight`` raises: each a message for people, printed once, exit 2."""
+PREFLIGHT_ERRORS = (ConfigError, DataError, ModelNotFoundError, NoChatTemplateError)
+"""What ``preflight`` raises: each a message for people that names the key, printed once, exit 2."""

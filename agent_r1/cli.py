@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("quickstart", "train", "eval", "serve", "report", "view")
+COMMANDS = ("quickstart", "check", "train", "eval", "serve", "report", "view")
 
 
 def _load(name: str):

@@ -263,11 +263,12 @@ def test_sigkill_mid_async_step_then_resume_loses_no_checkpointed_sample_and_sam
         tiny_checkpoint,
         tmp_path / "run",
         data={"train": str(train_file)},
-        # Reset 2 * batch + 1 is the first of rollout 3, submitted before update 2 (async): the
+        # The preflight (agent-r1 check) resets once per command, on data.train's first row; then
+        # reset 1 + 2 * batch + 1 is the first of rollout 3, submitted before update 2 (async): the
         # process dies mid-step 2, after checkpoint 1, which holds rollout 2's finished samples.
         env={
             "name": "trainer_envs:KillOnceEnv",
-            "kwargs": {"counter": str(counter), "kill_at": 2 * batch + 1},
+            "kwargs": {"counter": str(counter), "kill_at": 1 + 2 * batch + 1},
         },
         trainer={"checkpoint_every": 1},
     )
@@ -291,8 +292,8 @@ def test_sigkill_mid_async_step_then_resume_loses_no_checkpointed_sample_and_sam
         [s["response_ids"] for s in t["steps"]] for t in _dump(run_dir, 2)
     ]
     # ... and nothing was sampled again: 2 rollouts before the kill, the killing reset, then only
-    # rollouts 3 and 4 (batch resets each).
-    assert int(counter.read_text()) == 2 * batch + 1 + 2 * batch
+    # rollouts 3 and 4 (batch resets each); and each command's preflight reset.
+    assert int(counter.read_text()) == 1 + 2 * batch + 1 + 1 + 2 * batch
     sampler = TaskSampler(tasks(6), 2, seed=0, shuffle=True)
     for step in (1, 2, 3, 4):  # every step trains its own tasks, each rollout.n times
         expected = sorted(t["id"] for t in sampler.batch(step) for _ in range(2))

@@ -234,16 +234,22 @@ def test_the_cli_prints_the_reason_and_exits_non_zero(tiny_checkpoint, tmp_path,
     config_file = tmp_path / "config.yaml"
     config = _config(tiny_checkpoint, tmp_path / "run", env={"name": "trainer_envs:LowByteEnv"})
     dump_config(config, config_file)
-    code = main(["train", str(config_file), f"data.train={train}", "env.kwargs.nonsense=1"])
-    out = capsys.readouterr().out
+    # An env that cannot be built is a configuration error, found before the model loads (issue 52).
+    for command, data in (("train", "data.train"), ("eval", "data.val")):
+        code = main([command, str(config_file), f"{data}={train}", "env.kwargs.nonsense=1"])
+        out = capsys.readouterr().out
+        assert code == 2
+        assert out.count(f"agent-r1 {command}: config key 'env.kwargs': building env") == 1, out
+        assert "TypeError" in out and "Traceback" not in out
+    # An env that starts on the first row and fails on others stops the run within its error budget.
+    failing = ["env.name=health_envs:FailingResetEnv", "env.kwargs.failing=[t1, t2, t3]"]
+    budget = "trainer.max_error_fraction=0"
+    code = main(["train", str(config_file), f"data.train={train}", *failing, budget])
     assert code == 3
-    assert out.startswith("agent-r1 train: stopped: step 1: every trajectory (4 of 4) ended in ERROR")
-    assert "config key 'env.kwargs'" in out and "TypeError" in out and "Traceback" not in out
-    code = main(["eval", str(config_file), f"data.val={train}", "env.kwargs.nonsense=1"])
+    assert capsys.readouterr().out.startswith("agent-r1 train: stopped: step 1: ")
+    code = main(["eval", str(config_file), f"data.val={train}", *failing, budget])
     assert code == 3
-    assert capsys.readouterr().out.startswith(
-        "agent-r1 eval: stopped: evaluation at step 0: every trajectory"
-    )
+    assert capsys.readouterr().out.startswith("agent-r1 eval: stopped: evaluation at step 0: ")
 
 
 @pytest.mark.ray

@@ -32,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, list(args.overrides))
         from agent_r1.train.evaluation import evaluate
+        from agent_r1.train.preflight import preflight
+
+        preflight(config, splits=("data.val",))  # agent-r1 check's checks, before the weights load
 
         model = None
         if args.checkpoint:

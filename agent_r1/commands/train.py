@@ -93,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
             except SmokeError as e:
                 print(f"agent-r1 train --smoke: {e}")
                 return 2
+        from agent_r1.train.preflight import preflight
+
+        preflight(config)  # agent-r1 check: every mistake found without the weights, before they load
         from agent_r1.train.trainer import Trainer
 
         trainer = Trainer(

@@ -130,6 +130,8 @@ class AgentProgramEnv(AgentEnv):
             the Responses API) or ``"anthropic"`` (``anthropic.AsyncAnthropic``; the Messages API).
     """
 
+    reset_calls_policy = True  # reset runs the agent up to its first model call
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,

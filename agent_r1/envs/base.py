@@ -15,7 +15,7 @@ from typing import Any
 
 from agent_r1.types import Action, Completion, Observation, StepResult, Task
 
-__all__ = ["AgentEnv", "EnvKwargsError", "LentPolicy"]
+__all__ = ["AgentEnv", "EnvKwargsError", "LentPolicy", "unknown_fields_message"]
 
 
 class EnvKwargsError(ValueError):
@@ -59,10 +59,20 @@ class AgentEnv(ABC):
     ``required_fields`` declares the row fields the env (and its reward) reads: training refuses a row
     without one when the data is loaded, naming the row and the field, instead of scoring it 0. A
     factory function declares them as its own ``required_fields`` attribute.
+
+    ``task_fields`` declares every row field the env reads, required or optional: a row with any
+    other field (a misspelt ``seet``) is refused when the data is loaded (``agent-r1 check``,
+    ``train``, ``eval``), naming the row, the field and the closest known one. None (the default)
+    declares the rows free-form: fields passed on to a user's code, or read by a reward function.
+
+    ``reset_calls_policy``: ``reset`` runs the model (an agent program's first model call happens
+    inside it), so ``agent-r1 check``, which loads no weights, does not reset this env.
     """
 
     policy: LentPolicy | None = None
     required_fields: tuple[str, ...] = ()
+    task_fields: tuple[str, ...] | None = None
+    reset_calls_policy: bool = False
 
     def lend_policy(self, policy: LentPolicy) -> None:
         """Give the environment the acting policy for calls beyond the action (see ``LentPolicy``)."""
@@ -83,3 +93,21 @@ class AgentEnv(ABC):
         call it on the configured kwargs before the tokenizer and the model load. Raise
         ``EnvKwargsError(key, why)``; the default accepts anything (the constructor checks the rest)."""
         return None
+
+
+def unknown_fields_message(row: Mapping[str, Any], known: Sequence[str], env: str) -> str | None:
+    """Why ``row`` is refused by an env reading only the ``known`` fields (its ``task_fields``), or
+    None when it has no other field."""
+    import difflib
+
+    unknown = sorted(set(row) - set(known), key=str)
+    if not unknown:
+        return None
+    hints = []
+    for name in unknown:
+        close = " or ".join(map(repr, difflib.get_close_matches(str(name), list(known), n=2)))
+        hints.append(f"{name!r} (did you mean {close}?)" if close else repr(name))
+    return (
+        f"unknown field(s) {', '.join(hints)} for env {env!r}, which reads only {list(known)}: "
+        "rename or remove them"
+    )

@@ -13,6 +13,9 @@ __all__ = [
     "ModelNotFoundError",
     "NoChatTemplateError",
     "enable_checkpointing",
+    "go_offline",
+    "hub_reachable",
+    "in_hub_cache",
     "load_frozen_model",
     "load_tokenizer",
     "model_not_found_as_error",
@@ -88,6 +91,49 @@ def model_not_found_as_error(name_or_path: str | Path, key: str | None = None) -
             "loaded from the Hugging Face Hub or its local cache (without network access a hub model "
             f"must be downloaded beforehand; or give the path of a local folder). Hub: {reason}"
         ) from None
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub's endpoint accepts a connection within ``timeout_s`` (one try, no
+    retries: the hub client itself retries a dead network for about a minute). False in offline
+    mode (``HF_HUB_OFFLINE``)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlsplit(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def go_offline() -> None:
+    """Offline mode for the rest of this process (``HF_HUB_OFFLINE=1``): models and datasets come
+    from the local cache, and no request is retried against an unreachable Hub."""
+    import os
+
+    from huggingface_hub import constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+
+
+def in_hub_cache(name: str) -> bool:
+    """Whether the local Hugging Face cache holds the model (or tokenizer) ``name``."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return any(
+            isinstance(try_to_load_from_cache(name, file), str)
+            for file in ("config.json", "tokenizer_config.json")
+        )
+    except ValueError:  # not a valid repo id
+        return False
 
 
 def load_tokenizer(

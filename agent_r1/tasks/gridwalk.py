@@ -125,6 +125,7 @@ class GridWalkEnv(AgentEnv):
     """
 
     required_fields = ("dx", "dy", "budget")
+    task_fields = ("id", "dx", "dy", "budget")
 
     async def reset(self, task: Mapping[str, Any]) -> Observation:
         self.dx, self.dy, self.budget = task_offset(task)

@@ -100,6 +100,7 @@ class GridMemoryEnv(AgentEnv):
     """
 
     required_fields = ("dx", "dy", "budget")
+    task_fields = ("id", "dx", "dy", "budget")
 
     def __init__(
         self,

@@ -46,6 +46,7 @@ from agent_r1.algos import (
 
 __all__ = [
     "MOVED_KEYS",
+    "PATH_KEYS",
     "AlgorithmConfig",
     "ConfigError",
     "DataConfig",
@@ -64,6 +65,7 @@ __all__ = [
     "config_to_dict",
     "dump_config",
     "load_config",
+    "resolve_paths",
 ]
 
 
@@ -804,7 +806,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     """Load a YAML config file (or start from defaults when ``path`` is None) and apply overrides.
 
     The import paths the config names are then found beside the config file, then in the working
-    directory (``add_import_dirs``), as well as wherever Python finds installed packages."""
+    directory (``add_import_dirs``), as well as wherever Python finds installed packages. A relative
+    ``model.path``, ``model.tokenizer``, ``data.train`` or ``data.val`` is taken from the working
+    directory when it exists there, else from the config file's folder when it exists there
+    (``resolve_paths``)."""
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text(encoding="utf-8")
@@ -818,7 +823,29 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 "<root>", f"{path} must hold a mapping of sections, got {type(loaded).__name__}"
             )
         data = dict(loaded or {})
-    return config_from_dict(apply_overrides(data, overrides))
+    config = config_from_dict(apply_overrides(data, overrides))
+    return config if path is None else resolve_paths(config, Path(path).parent)
+
+
+PATH_KEYS = ("model.path", "model.tokenizer", "data.train", "data.val")
+"""The keys naming local files or folders (or hub names) that a relative path may be given for."""
+
+
+def resolve_paths(config: TrainConfig, folder: str | Path) -> TrainConfig:
+    """``config`` with each relative path of ``PATH_KEYS`` that does not exist from the working
+    directory but does exist in ``folder`` (the config file's) made absolute; every other value
+    unchanged (a hub name, a path found from the working directory, one found nowhere)."""
+    sections: dict[str, dict[str, Any]] = {}
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if not value or Path(value).is_absolute() or Path(value).exists():
+            continue
+        beside = Path(folder) / value
+        if beside.exists():
+            sections.setdefault(section, {})[name] = str(beside.resolve())
+    changes = {section: replace(getattr(config, section), **values) for section, values in sections.items()}
+    return replace(config, **changes) if changes else config
 
 
 def dump_config(config: TrainConfig, path: str | Path) -> None:

@@ -14,7 +14,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DataError", "TaskSampler", "check_fields", "config_tasks", "env_required_fields", "load_tasks"]
+__all__ = [
+    "DataError",
+    "TaskSampler",
+    "check_fields",
+    "check_known_fields",
+    "config_tasks",
+    "env_required_fields",
+    "env_task_fields",
+    "load_tasks",
+]
 
 
 class DataError(ValueError):
@@ -63,22 +72,48 @@ def check_fields(
                 )
 
 
-def env_required_fields(config) -> tuple[str, ...]:
-    """The row fields that ``env.name``'s factory declares it reads (its ``required_fields``: a tuple,
-    or a function of ``env.kwargs`` when they depend on them, as for ``agent_r1.tasks.prepare:task_env``).
-    An env that cannot be resolved declares nothing here: building it reports the error."""
+def check_known_fields(
+    tasks: Sequence[Mapping[str, Any]], known: Sequence[str], source: str, env: str
+) -> None:
+    """Raise ``DataError`` naming the first row with a field outside ``known`` (the env's
+    ``task_fields``), the field and the closest known one."""
+    from agent_r1.envs.base import unknown_fields_message
+
+    for i, task in enumerate(tasks):
+        refused = unknown_fields_message(task, known, env)
+        if refused:
+            ident = f" (id {task['id']!r})" if "id" in task else ""
+            raise DataError(f"{source}: row {i}{ident}: {refused}")
+
+
+def _env_declared(config, attribute: str, default: Any) -> Any:
+    """What ``env.name``'s factory declares as ``attribute`` (a value, or a function of
+    ``env.kwargs``); ``default`` for an env that cannot be resolved: building it reports the error."""
     name = config.env.name
     if not name:
-        return ()
+        return default
     from agent_r1.envs.registry import get_env_factory
 
     try:
-        declared = getattr(get_env_factory(name), "required_fields", ())
+        declared = getattr(get_env_factory(name), attribute, default)
         if callable(declared):
             declared = declared(**{k: v for k, v in config.env.kwargs.items() if k != "tokenizer"})
     except (ValueError, TypeError):
-        return ()
-    return tuple(declared)
+        return default
+    return declared
+
+
+def env_required_fields(config) -> tuple[str, ...]:
+    """The row fields that ``env.name``'s factory declares it needs (its ``required_fields``: a tuple,
+    or a function of ``env.kwargs`` when they depend on them, as for ``agent_r1.tasks.prepare:task_env``)."""
+    return tuple(_env_declared(config, "required_fields", ()))
+
+
+def env_task_fields(config) -> tuple[str, ...] | None:
+    """Every row field ``env.name``'s factory declares it reads (its ``task_fields``); None: rows
+    are free-form."""
+    declared = _env_declared(config, "task_fields", None)
+    return None if declared is None else tuple(declared)
 
 
 def _read_path(path: str, split: str) -> list[Any]:
@@ -206,6 +241,9 @@ def config_tasks(config, given: Any, key: str) -> list[dict]:
     declared = [f for f in env_required_fields(config) if f not in data.required_fields]
     where = key if given is not None or not source else f"{key}: {source}"
     check_fields(tasks, declared, where, needed_by=f" (env {config.env.name!r} declares it)")
+    known = env_task_fields(config)
+    if known is not None:
+        check_known_fields(tasks, known, where, config.env.name)
     if key == "data.val" and data.max_val_tasks:
         tasks = tasks[: data.max_val_tasks]
     return tasks

@@ -42,7 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from transformers import PreTrainedTokenizerBase
 
-from agent_r1.envs.base import AgentEnv
+from agent_r1.envs.base import AgentEnv, EnvKwargsError
 from agent_r1.envs.context import ContextPolicy, ContextRequest, PreviousTurn, resolve_context_policy
 from agent_r1.envs.ecosystem import require
 from agent_r1.envs.registry import load_entry_point
@@ -246,6 +246,26 @@ class GymnasiumEnv(AgentEnv):
     optional ``options`` (``reset(options=...)``) and ``make_kwargs``. Other fields are refused
     (a misspelt ``seed`` would otherwise go unnoticed).
     """
+
+    task_fields = TASK_FIELDS
+
+    @classmethod
+    def check_kwargs(cls, kwargs: Mapping[str, Any]) -> None:
+        """The id registered and the hook importable, before the model loads (``agent-r1 check``)."""
+        try:
+            import gymnasium as gym
+        except ImportError:
+            return  # the constructor says how to install it
+        if isinstance(kwargs.get("id"), str):
+            try:
+                _spec(gym, kwargs["id"])
+            except ValueError as error:
+                raise EnvKwargsError("id", str(error)) from None
+        if isinstance(kwargs.get("hook"), str):
+            try:
+                load_entry_point(kwargs["hook"])
+            except ValueError as error:
+                raise EnvKwargsError("hook", str(error)) from None
 
     def __init__(
         self,

@@ -41,7 +41,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from agent_r1.envs.base import AgentEnv
+from agent_r1.envs.base import AgentEnv, EnvKwargsError, unknown_fields_message
 from agent_r1.envs.context import (
     ContextPolicy,
     ContextRequest,
@@ -232,7 +232,8 @@ class TextArenaEnv(AgentEnv):
     """One seat of one TextArena game per episode (see the module docstring).
 
     Task row: ``{"id", "seed": int (optional; None = unseeded), "seat": int (default 0),
-    "game": str (optional, over the ``game`` kwarg)}``; ``make_tasks`` writes them.
+    "game": str (optional, over the ``game`` kwarg), "num_players": int (optional, over the
+    ``num_players`` kwarg)}``; ``make_tasks`` writes them. A row with any other field is refused.
 
     Args (``env.kwargs``):
         tokenizer: the policy's tokenizer (injected by the trainer); it must have a chat template.
@@ -241,7 +242,8 @@ class TextArenaEnv(AgentEnv):
         num_players: the game's seat count; None: 1 for a game whose state is TextArena's
             ``SinglePlayerState``, else 2 (set it for games of 3+ players). A count the game refuses
             is a ValueError quoting the game's reason.
-        opponent: who plays the other seats: ``"random"`` (a random bracketed move read off the
+        opponent: who plays the other seats (None, the default: ``"random"``, and no opponent in a
+            single-player game, where any opponent given is refused): ``"random"`` (a random bracketed move read off the
             seat's observation; for TextArena's boards a random legal move), ``"self"`` (the acting
             policy, with the flow's sampling params, not trained in this trajectory), an entry point
             ``"module:function"`` (``function(observation_text) -> action_text``; a class is
@@ -278,13 +280,33 @@ class TextArenaEnv(AgentEnv):
     the action.
     """
 
+    task_fields = ("id", "game", "seed", "seat", "num_players")
+
+    @classmethod
+    def check_kwargs(cls, kwargs: Mapping[str, Any]) -> None:
+        """The game registered and a scripted opponent importable, before the model loads."""
+        opponent = kwargs.get("opponent")
+        if isinstance(opponent, str) and ":" in opponent:
+            try:
+                load_entry_point(opponent)
+            except ValueError as error:
+                raise EnvKwargsError("opponent", str(error)) from None
+        game = kwargs.get("game")
+        if isinstance(game, str):
+            try:
+                _check_game(game)
+            except ImportError:
+                return  # the constructor says how to install textarena
+            except ValueError as error:
+                raise EnvKwargsError("game", str(error)) from None
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,
         *,
         game: str = "TicTacToe-v0",
         num_players: int | None = None,
-        opponent: str | Mapping[str, Any] = "random",
+        opponent: str | Mapping[str, Any] | None = None,
         observation: str = "chat",
         context: str | ContextPolicy = "append",
         context_kwargs: dict[str, Any] | None = None,
@@ -306,7 +328,10 @@ class TextArenaEnv(AgentEnv):
         self.default_game = game
         self.num_players_wanted = num_players
         self.opponent_spec = opponent
-        self.opponent_name, self._opponent_engine, self._scripted_opponent = _opponent(opponent)
+        self.opponent_given = opponent is not None
+        self.opponent_name, self._opponent_engine, self._scripted_opponent = _opponent(
+            "random" if opponent is None else opponent
+        )
         self.observation_mode = observation
         self.context = resolve_context_policy(context, context_kwargs, "TextArenaEnv")
         self.system_prompt = system_prompt
@@ -320,7 +345,13 @@ class TextArenaEnv(AgentEnv):
 
     async def reset(self, task: Task) -> Observation:
         self.task_name = str(task.get("id", "(no id)"))
+        refused = unknown_fields_message(task, self.task_fields, "textarena")
+        if refused:
+            raise ValueError(f"task {self.task_name}: {refused}")
         self.game_id = str(task.get("game", self.default_game))
+        wanted = task.get("num_players", self.num_players_wanted)
+        if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1):
+            raise ValueError(f"task {self.task_name}: 'num_players' must be an integer >= 1, got {wanted!r}")
         seed = task.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"task {self.task_name}: 'seed' must be an integer, got {seed!r}")
@@ -332,7 +363,12 @@ class TextArenaEnv(AgentEnv):
         # concurrent episodes do not disturb each other or the caller.
         self._rng_state = random.Random(seed).getstate()
         self._opponent_rng = random.Random(f"{seed}/{seat}/opponent")
-        self.num_players = self._start_game(seed)
+        self.num_players = self._start_game(seed, wanted)
+        if self.num_players == 1 and self.opponent_given:
+            raise ValueError(
+                f"task {self.task_name}: {self.game_id} is a single-player game, so there is no seat for "
+                f"opponent {self.opponent_name!r}: remove env.kwargs.opponent"
+            )
         if not 0 <= seat < self.num_players:
             raise ValueError(
                 f"task {self.task_name}: seat {seat} does not exist in {self.game_id} with "
@@ -349,7 +385,7 @@ class TextArenaEnv(AgentEnv):
             "game": self.game_id,
             "seat": seat,
             "num_players": self.num_players,
-            "opponent": self.opponent_name,
+            "opponent": self.opponent_name if self.num_players > 1 else None,
         }
         new_text = await self._play_until_seat()
         if new_text is None:  # the others ended the game before this seat moved (e.g. invalid moves)
@@ -400,16 +436,7 @@ class TextArenaEnv(AgentEnv):
 
     def _make(self) -> Any:
         ta = _textarena()
-        from textarena.envs.registration import ENV_REGISTRY
-
-        if self.game_id not in ENV_REGISTRY:
-            variants = [g for g in sorted(ENV_REGISTRY) if g.split("-")[0] == self.game_id.split("-")[0]]
-            games = sorted({g.split("-")[0] for g in ENV_REGISTRY})
-            raise ValueError(
-                f"unknown TextArena game {self.game_id!r}; "
-                + (f"its variants: {variants}" if variants else f"games: {games}")
-                + " (every id: agent_r1.envs.ecosystem.textarena.available_games())"
-            )
+        _check_game(self.game_id)
         try:
             return self._call(lambda: ta.make(self.game_id, **self.game_kwargs))
         except TypeError as error:
@@ -423,11 +450,11 @@ class TextArenaEnv(AgentEnv):
                 f"TextArena game {self.game_id} cannot be imported here: {type(error).__name__}: {error}"
             ) from error
 
-    def _start_game(self, seed: int | None) -> int:
-        """Make and reset the game; the player count is ``num_players``, else probed: 1 for a game
-        whose state is TextArena's ``SinglePlayerState`` (its multi-player states accept one player
-        too, and some then loop forever), else 2."""
-        candidates = [self.num_players_wanted] if self.num_players_wanted else [1, 2]
+    def _start_game(self, seed: int | None, wanted: int | None) -> int:
+        """Make and reset the game; the player count is ``wanted`` (the row's or the env's
+        ``num_players``), else probed: 1 for a game whose state is TextArena's ``SinglePlayerState``
+        (its multi-player states accept one player too, and some then loop forever), else 2."""
+        candidates = [wanted] if wanted else [1, 2]
         refusals = []
         for n in candidates:
             game = self._make()
@@ -437,14 +464,14 @@ class TextArenaEnv(AgentEnv):
                 refusals.append(f"{n}: {error}")
                 continue
             single = isinstance(getattr(_innermost(game), "state", None), _textarena().SinglePlayerState)
-            if self.num_players_wanted is None and n == 1 and not single:
+            if wanted is None and n == 1 and not single:
                 refusals.append("1: not a single-player game")
                 continue
             self._game = game
             self._base = _innermost(game)
             self._wrappers = _observation_wrappers(game)
             return n
-        hint = "" if self.num_players_wanted else "; set num_players to the count it needs"
+        hint = "" if wanted else "; set num_players to the count it needs"
         raise ValueError(f"TextArena game {self.game_id} refuses num_players {' / '.join(refusals)}{hint}")
 
     def _observe(self) -> tuple[int, str]:
@@ -596,6 +623,21 @@ class TextArenaEnv(AgentEnv):
         spec = dict(self.opponent_spec["openai"])  # type: ignore[index]
         return SamplingParams(
             temperature=float(spec.get("temperature", 0.0)), max_tokens=int(spec.get("max_tokens", 64))
+        )
+
+
+def _check_game(game_id: str) -> None:
+    """A ValueError naming the variants (or the games) when TextArena has no game ``game_id``; an
+    ImportError without textarena."""
+    from textarena.envs.registration import ENV_REGISTRY
+
+    if game_id not in ENV_REGISTRY:
+        variants = [g for g in sorted(ENV_REGISTRY) if g.split("-")[0] == game_id.split("-")[0]]
+        games = sorted({g.split("-")[0] for g in ENV_REGISTRY})
+        raise ValueError(
+            f"unknown TextArena game {game_id!r}; "
+            + (f"its variants: {variants}" if variants else f"games: {games}")
+            + " (every id: agent_r1.envs.ecosystem.textarena.available_games())"
         )
 
 

@@ -52,6 +52,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from agent_r1.envs.base import EnvKwargsError
 from agent_r1.envs.context import task_messages
 from agent_r1.envs.registry import load_entry_point
 from agent_r1.envs.tool_env import ToolEnv
@@ -147,6 +148,20 @@ class TRLEnvironment(ToolEnv):
     ``info["success"]`` is ``outcome_reward >= success_threshold`` (default 1.0), as in ``ToolEnv``;
     ``info["trl_rewards"]`` holds each reward source's value (None when it returned None).
     """
+
+    @classmethod
+    def check_kwargs(cls, kwargs: Mapping[str, Any]) -> None:
+        """The environment class and every ``"module:fn"`` reward imported, before the model loads
+        (a reward without ``:`` names a member of the class, checked when it is built)."""
+        rewards = kwargs.get("reward")
+        rewards = [rewards] if isinstance(rewards, str) else list(rewards or [])
+        entries = [("environment", kwargs.get("environment"))] + [("reward", r) for r in rewards]
+        for key, value in entries:
+            if isinstance(value, str) and ":" in value:
+                try:
+                    load_entry_point(value)
+                except ValueError as error:
+                    raise EnvKwargsError(key, str(error)) from None
 
     def __init__(
         self,

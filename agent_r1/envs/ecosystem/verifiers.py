@@ -327,6 +327,8 @@ class VerifiersEnv(AgentEnv):
     ERROR and verifiers' error; so does a worker that dies, at once, or hangs, after ``timeout_s``.
     """
 
+    reset_calls_policy = True  # reset runs the harness up to its first model call
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,

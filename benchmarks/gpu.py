@@ -248,7 +248,7 @@ def fixed_trajectories(num: int, seq_len: int, vocab: int, seed: int):
 
 def learner_rows(model, args, attention: str, peak: float | None) -> Iterator[Measurement]:
     """Forward + backward of one packed micro-batch per token budget (the learner's update pass)."""
-    from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+    from agent_r1.train.batch import batch_of
     from agent_r1.train.learner import micro_batch_logprobs
 
     device = next(model.parameters()).device
@@ -257,7 +257,7 @@ def learner_rows(model, args, attention: str, peak: float | None) -> Iterator[Me
     body = body_parameters(model)
     for budget in args.micro_batch_tokens:
         trajectories = fixed_trajectories(budget // args.seq_len, args.seq_len, vocab, seed=budget)
-        (mb,) = make_micro_batches(build_sequences(trajectories), step_rows(trajectories), budget)
+        (mb,) = batch_of(trajectories, micro_batch_tokens=budget).all_micro_batches
         scored = int(mb.target_ids_K.numel())
 
         def forward_backward(mb=mb) -> None:

@@ -43,16 +43,13 @@ import time
 import torch
 
 from agent_r1.models.tiny import build_tiny_model
+from agent_r1.train.batch import batch_of
 from agent_r1.train.batching import (
     PrefixTree,
     TrainSequence,
     attention_pair_cost,
-    build_sequences,
     count_tokens,
-    make_micro_batches,
     pack_trees,
-    share_prefixes,
-    step_rows,
 )
 from agent_r1.train.learner import micro_batch_logprobs
 from agent_r1.types import Step, Trajectory
@@ -84,13 +81,12 @@ def synthetic_trajectories(
 
 def time_packed(model, trajectories, *, merge: bool, token_budget: int) -> tuple[float, int]:
     """Forward + backward over packed sequences; returns (seconds, tokens processed)."""
-    sequences = build_sequences(trajectories, merge=merge)
-    micro_batches = make_micro_batches(sequences, step_rows(trajectories), token_budget)
+    batch = batch_of(trajectories, micro_batch_tokens=token_budget, merge=merge)
     start = time.perf_counter()
-    for mb in micro_batches:
+    for mb in batch.micro_batches[0]:
         logprobs_K, _ = micro_batch_logprobs(model, mb, temperature=1.0)
         (-logprobs_K.sum()).backward()
-    return time.perf_counter() - start, count_tokens(sequences)
+    return time.perf_counter() - start, count_tokens(batch.sequences)
 
 
 def group_trajectories(
@@ -171,17 +167,16 @@ def time_micro_batches(model, micro_batches) -> float:
 
 def sharing_layouts(model, trajectories, token_budget: int, labels: tuple[str, str, str, str]) -> dict:
     """The four layouts of a prefix-sharing case: name -> (micro-batches, tokens processed)."""
-    rows = step_rows(trajectories)
     pair_cost = attention_pair_cost(model.config)
-    per_step = build_sequences(trajectories, merge=False)
-    merged = build_sequences(trajectories)
-    trees = one_level_trees(merged, pair_cost, token_budget)
-    tries = share_prefixes(merged, pair_cost=pair_cost, max_width=token_budget)
+    per_step = batch_of(trajectories, micro_batch_tokens=token_budget, merge=False)
+    merged = batch_of(trajectories, micro_batch_tokens=token_budget)
+    tries = batch_of(trajectories, micro_batch_tokens=token_budget, pair_cost=pair_cost)
+    trees = one_level_trees(list(merged.sequences), pair_cost, token_budget)
     return {
-        labels[0]: (make_micro_batches(per_step, rows, token_budget), count_tokens(per_step)),
-        labels[1]: (make_micro_batches(merged, rows, token_budget), count_tokens(merged)),
-        labels[2]: (pack_trees(trees, rows, token_budget), count_tokens(trees)),
-        labels[3]: (pack_trees(tries, rows, token_budget), count_tokens(tries)),
+        labels[0]: (per_step.micro_batches[0], per_step.train_tokens),
+        labels[1]: (merged.micro_batches[0], merged.train_tokens),
+        labels[2]: (pack_trees(trees, merged.rows, token_budget), count_tokens(trees)),
+        labels[3]: (tries.micro_batches[0], tries.train_tokens),
     }
 
 

@@ -46,7 +46,7 @@ import torch
 
 from agent_r1.algos import TokenFields, aggregation_weights
 from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
-from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+from agent_r1.train.batch import batch_of
 from agent_r1.train.builders import policy_objective
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.learner import Learner, MiniBatch, micro_batch_logprobs
@@ -117,23 +117,20 @@ def model_flops(model, micro_batches) -> float:
 
 
 def mini_batch(trajs: list[Trajectory], micro_batch_tokens: int) -> MiniBatch:
-    rows = step_rows(trajs)
-    n = rows.num_tokens
+    batch = batch_of(trajs, micro_batch_tokens=micro_batch_tokens)
+    n = batch.num_tokens
     mask = torch.ones(n)
-    step_ids = torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids])
+    step_ids = batch.tokens.step_ids
     tokens = TokenFields(
         mask=mask,
         step_ids=step_ids,
-        traj_ids=torch.tensor(
-            [t for t, traj in enumerate(trajs) for s in traj.steps for _ in s.response_ids]
-        ),
+        traj_ids=batch.tokens.traj_ids,
         sampler_logprobs=torch.full((n,), -2.0),
         old_logprobs=torch.full((n,), -2.0),
         advantages=torch.linspace(-1, 1, n),
     )
     weights = aggregation_weights(mask, "seq-mean-token-mean", seq_ids=step_ids)
-    micro = make_micro_batches(build_sequences(trajs), rows, micro_batch_tokens)
-    return MiniBatch(micro, weights, tokens)
+    return MiniBatch(batch.micro_batches[0], weights, tokens)
 
 
 def load_model(name: str, workdir: Path):

@@ -37,7 +37,7 @@ def _rss_mib() -> float:
 def measure(variant: str, args: argparse.Namespace) -> dict:
     """In this process: build the model and micro-batch, run one forward + backward, report peaks."""
     from agent_r1.models.tiny import build_tiny_model
-    from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+    from agent_r1.train.batch import batch_of
     from agent_r1.train.learner import full_logits_logprobs, micro_batch_logprobs, model_inputs
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,8 +50,7 @@ def measure(variant: str, args: argparse.Namespace) -> dict:
     trajectories = synthetic_trajectories(
         args.trajectories, args.turns, args.prompt_len, args.response_len, args.observation_len, args.vocab, 0
     )
-    sequences = build_sequences(trajectories)
-    (mb,) = make_micro_batches(sequences, step_rows(trajectories), token_budget=10**9)
+    (mb,) = batch_of(trajectories, micro_batch_tokens=10**9).all_micro_batches
     base = _rss_mib()
     if variant == "full":
         inputs = model_inputs(model, mb)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+from agent_r1.train.batch import batch_of
 from agent_r1.train.learner import micro_batch_logprobs
 
 TEMPERATURE = 0.7
@@ -25,14 +25,13 @@ def reference_logprobs(model, trajectories) -> torch.Tensor:
 
 
 def layout_logprobs_and_grads(model, trajectories, *, merge: bool, pair_cost, budget: int, seed: int):
-    """The scored tokens' log-probs through ``make_micro_batches``, the gradients of a fixed random
-    weighting of them, and the micro-batches."""
-    rows = step_rows(trajectories)
+    """The scored tokens' log-probs through ``batch_of``'s micro-batches, the gradients of a fixed
+    random weighting of them, and the micro-batches."""
+    batch = batch_of(trajectories, micro_batch_tokens=budget, pair_cost=pair_cost, merge=merge)
+    rows = batch.rows
     weights = torch.randn(rows.num_tokens, generator=torch.Generator().manual_seed(seed))
     model.zero_grad(set_to_none=True)
-    micro_batches = make_micro_batches(
-        build_sequences(trajectories, merge=merge), rows, budget, pair_cost=pair_cost
-    )
+    micro_batches = batch.micro_batches[0]
     out = torch.zeros(rows.num_tokens)
     for mb in micro_batches:
         logprobs_K, _ = micro_batch_logprobs(model, mb, TEMPERATURE)

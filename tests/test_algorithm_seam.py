@@ -287,7 +287,7 @@ def test_the_trainer_passes_step_ids_to_gspo_and_seq_mean_where_steps_and_trajec
     # Steps merged into one sequence each: a packed row is not what the loss groups by.
     # one mini-batch, far under the micro-batch token budget: one micro-batch holds every sequence
     assert [len(mini) for mini in batch.micro_batches] == [1]
-    assert sum(len(s.spans) > 1 for s in _sequences(batch)) > 0
+    assert sum(len(s.spans) > 1 for s in batch.sequences) > 0
 
     weights_T = loss_weights(tokens.mask, tokens, trainer.config)
     live_steps = step_T[tokens.mask > 0].unique()
@@ -300,9 +300,3 @@ def test_the_trainer_passes_step_ids_to_gspo_and_seq_mean_where_steps_and_trajec
     trainer.close()
     seen_steps = torch.cat([ids for _, ids in SEEN["loss"]])
     assert sorted(seen_steps.tolist()) == sorted(step_T.tolist())  # every token once, with its step id
-
-
-def _sequences(batch):
-    from agent_r1.train.batching import build_sequences
-
-    return build_sequences(batch.trajectories, merge=True)

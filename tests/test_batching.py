@@ -8,16 +8,14 @@ import pytest
 import torch
 from batching_support import layout_logprobs_and_grads, reference_logprobs
 
+from agent_r1.train.batch import batch_of
 from agent_r1.train.batching import (
     SOFTMAX_MACS,
     TrainSequence,
     attention_pair_cost,
-    build_sequences,
     count_tokens,
-    make_micro_batches,
     pack_sequences,
     share_prefixes,
-    step_rows,
 )
 from agent_r1.train.learner import micro_batch_logprobs
 from agent_r1.types import Step, Trajectory
@@ -52,10 +50,10 @@ def test_merge_follows_prefixes_and_rewrites_start_new_sequences():
     rng = random.Random(0)
     appended = _multi_turn(rng, 4)
     rewritten = _multi_turn(rng, 4, rewrite_at=2)
-    merged = build_sequences([appended, rewritten])
+    merged = batch_of([appended, rewritten], micro_batch_tokens=4096).sequences
     assert [len(s.spans) for s in merged] == [4, 2, 2]
     assert [span.row for s in merged for span in s.spans] == list(range(8))
-    per_step = build_sequences([appended, rewritten], merge=False)
+    per_step = batch_of([appended, rewritten], micro_batch_tokens=4096, merge=False).sequences
     assert len(per_step) == 8
     # merged: the last prompt + response of each sequence; per step: every prompt again
     assert count_tokens(merged) < count_tokens(per_step)
@@ -65,7 +63,9 @@ def test_merge_follows_prefixes_and_rewrites_start_new_sequences():
 
 def test_packing_respects_the_budget_and_keeps_every_sequence():
     rng = random.Random(1)
-    sequences = build_sequences([_multi_turn(rng, 3) for _ in range(10)], merge=False)
+    sequences = batch_of(
+        [_multi_turn(rng, 3) for _ in range(10)], micro_batch_tokens=4096, merge=False
+    ).sequences
     bins = pack_sequences(sequences, token_budget=64)
     assert sorted(id(s) for b in bins for s in b) == sorted(id(s) for s in sequences)
     assert all(count_tokens(b) <= 64 or len(b) == 1 for b in bins)
@@ -73,9 +73,9 @@ def test_packing_respects_the_budget_and_keeps_every_sequence():
 
 
 def _layout_logprobs(model, trajectories, *, merge, budget):
-    rows = step_rows(trajectories)
-    micro_batches = make_micro_batches(build_sequences(trajectories, merge=merge), rows, budget)
-    out = torch.zeros(rows.num_tokens)
+    batch = batch_of(trajectories, micro_batch_tokens=budget, merge=merge)
+    micro_batches = batch.micro_batches[0]
+    out = torch.zeros(batch.num_tokens)
     for mb in micro_batches:
         logprobs_K, _ = micro_batch_logprobs(model, mb, 0.7)
         out = out.index_put((mb.flat_index_K,), logprobs_K)
@@ -98,7 +98,7 @@ def test_merged_and_per_step_layouts_give_the_same_logprobs(model, budget):
 def test_merged_and_per_step_layouts_give_the_same_gradients(model):
     rng = random.Random(3)
     trajectories = [_multi_turn(rng, 3), _multi_turn(rng, 4, rewrite_at=2)]
-    num_tokens = step_rows(trajectories).num_tokens
+    num_tokens = batch_of(trajectories, micro_batch_tokens=4096).num_tokens
     weights = torch.randn(num_tokens, generator=torch.Generator().manual_seed(0))
 
     def grads(merge, budget):
@@ -135,7 +135,7 @@ def _groups(rng: random.Random, groups: int, size: int, turns: int) -> list[Traj
 
 def test_share_prefixes_joins_a_group_where_the_cost_model_says_it_pays():
     rng = random.Random(4)
-    sequences = build_sequences(_groups(rng, 3, 4, 1))
+    sequences = batch_of(_groups(rng, 3, 4, 1), micro_batch_tokens=4096).sequences
     alone = share_prefixes(sequences, pair_cost=None, max_width=4096)
     assert [len(t.members) for t in alone] == [1] * 12 and count_tokens(alone) == count_tokens(sequences)
     trees = share_prefixes(sequences, pair_cost=1e-3, max_width=4096)
@@ -190,7 +190,7 @@ def test_prefix_trees_give_the_per_step_logprobs_and_gradients(tiny_checkpoint, 
 def test_a_kernel_without_custom_masks_refuses_trees_by_name(tiny_checkpoint, model):
     rng = random.Random(6)
     trajectories = _groups(rng, 1, 3, 1)
-    (mb,) = make_micro_batches(build_sequences(trajectories), step_rows(trajectories), 4096, pair_cost=1e-3)
+    (mb,) = batch_of(trajectories, micro_batch_tokens=4096, pair_cost=1e-3).all_micro_batches
     assert mb.attention_BTT is not None
     model.config._attn_implementation = "flash_attention_2"
     try:

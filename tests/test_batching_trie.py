@@ -11,15 +11,14 @@ import pytest
 import torch
 from batching_support import layout_logprobs_and_grads, reference_logprobs
 
+from agent_r1.train.batch import batch_of
 from agent_r1.train.batching import (
     PrefixTree,
+    StepRows,
     TrainSequence,
-    build_sequences,
     count_tokens,
-    make_micro_batches,
     pack_trees,
     share_prefixes,
-    step_rows,
 )
 from agent_r1.types import Step, Trajectory
 
@@ -30,6 +29,10 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
 
 def _sequence(*parts: list[int]) -> TrainSequence:
     return TrainSequence(tuple(t for part in parts for t in part), ())
+
+
+def _sequences(trajectories: list[Trajectory]) -> tuple[TrainSequence, ...]:
+    return batch_of(trajectories, micro_batch_tokens=4096).sequences
 
 
 def _attends_by_definition(tree: PrefixTree) -> torch.Tensor:
@@ -66,7 +69,9 @@ def test_the_trie_shares_exactly_the_common_prefixes():
         n = min(len(p), len(m))
         # the same run exactly on the common prefix, separate runs after it
         assert (p[:n] == m[:n]).tolist() == [True] * shared + [False] * (n - shared), pair
-    (mb,) = make_micro_batches([a, b, c, d], step_rows([]), 4096, pair_cost=1e-6)
+    (mb,) = pack_trees(
+        share_prefixes([a, b, c, d], pair_cost=1e-6, max_width=4096), StepRows((), (), ()), 4096
+    )
     assert torch.equal(mb.attention_BTT[0], _attends_by_definition(tree))
 
 
@@ -85,7 +90,7 @@ def test_the_mask_is_the_definition_on_random_deep_tries():
     assert max(len(set(t.branch_at)) for t in trees) >= 3  # branch points at several depths
     for tree in trees:
         if len(tree.members) > 1:
-            (mb,) = pack_trees([tree], step_rows([]), 4096)
+            (mb,) = pack_trees([tree], StepRows((), (), ()), 4096)
             assert torch.equal(mb.attention_BTT[0], _attends_by_definition(tree))
 
 
@@ -190,13 +195,13 @@ def test_tries_give_the_per_step_logprobs_and_gradients(tiny_checkpoint, kernel)
     cases["all together"] = [t for ts in cases.values() for t in ts]
 
     # (a) one trie over every group: the system prompt once, each task once below it
-    (tree,) = share_prefixes(build_sequences(grpo), pair_cost=1e-6, max_width=4096)
+    (tree,) = share_prefixes(_sequences(grpo), pair_cost=1e-6, max_width=4096)
     assert tree.trunk == len(system) and len(tree.members) == 9
     # (b) the steps of a sliding window share the head, and sample 1's share history with sample 0's
-    window_trees = share_prefixes(build_sequences(window), pair_cost=1e-6, max_width=4096)
+    window_trees = share_prefixes(_sequences(window), pair_cost=1e-6, max_width=4096)
     assert [t.trunk for t in window_trees] == [len(head)]
     assert max(window_trees[0].branch_at) > len(head)
-    rerendered = build_sequences(cases["re-rendered"])
+    rerendered = _sequences(cases["re-rendered"])
     assert len(rerendered) == 5  # no step extends the previous one's prompt + response
     assert (
         count_tokens(share_prefixes(rerendered, pair_cost=1e-6, max_width=4096))

@@ -42,7 +42,7 @@ from update_parity import (
 from agent_r1.algos import TokenFields, aggregation_weights, clipped_value_loss
 from agent_r1.distributed.learner_group import LearnerWorker, shard_micro_batches
 from agent_r1.train.backends import export_weights
-from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+from agent_r1.train.batch import batch_of
 from agent_r1.train.builders import policy_objective
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.critic import load_critic, micro_batch_values
@@ -84,7 +84,8 @@ def _mini_batch(seed: int, budget: int) -> MiniBatch:
     """The trainer's per-token fields for a few random trajectories and a group sharing its prompt
     (laid out as a prefix tree), cut into micro-batches."""
     trajectories = _trajectories(seed, count=4) + _group(seed)
-    rows = step_rows(trajectories)
+    batch = batch_of(trajectories, micro_batch_tokens=budget, pair_cost=1e-3)
+    rows = batch.rows
     n = rows.num_tokens
     seq_ids = torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids])
     mask = torch.ones(n)
@@ -100,7 +101,7 @@ def _mini_batch(seed: int, budget: int) -> MiniBatch:
         value_mask=mask,
     )
     weights = aggregation_weights(mask, "seq-mean-token-mean", seq_ids=seq_ids)
-    micro_batches = make_micro_batches(build_sequences(trajectories), rows, budget, pair_cost=1e-3)
+    micro_batches = batch.micro_batches[0]
     assert any(mb.attention_BTT is not None for mb in micro_batches)
     return MiniBatch(micro_batches, weights, tokens)
 

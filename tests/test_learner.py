@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agent_r1.algos import TokenFields, aggregation_weights
-from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+from agent_r1.train.batch import batch_of
 from agent_r1.train.config import ModelConfig, TrainerConfig, config_from_dict
 from agent_r1.train.learner import Learner, MiniBatch, load_policy, lr_lambda
 from agent_r1.types import Step, Trajectory
@@ -28,7 +28,8 @@ def _trajectories(seed: int, count: int = 3) -> list[Trajectory]:
 
 
 def _mini_batch(trajectories, budget):
-    rows = step_rows(trajectories)
+    batch = batch_of(trajectories, micro_batch_tokens=budget)
+    rows = batch.rows
     n = rows.num_tokens
     mask = torch.ones(n)
     seq_ids = torch.tensor([r for r, s in enumerate(rows.steps) for _ in s.response_ids])
@@ -41,7 +42,7 @@ def _mini_batch(trajectories, budget):
         advantages=torch.linspace(-1, 1, n),
     )
     weights = aggregation_weights(mask, "seq-mean-token-mean", seq_ids=seq_ids)
-    return MiniBatch(make_micro_batches(build_sequences(trajectories), rows, budget), weights, tokens)
+    return MiniBatch(batch.micro_batches[0], weights, tokens)
 
 
 def _pg_loss(logprobs_K, entropy_K, tokens):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agent_r1.models.tiny import build_tiny_model
-from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+from agent_r1.train.batch import batch_of
 from agent_r1.train.learner import full_logits_logprobs, micro_batch_logprobs, model_inputs
 from agent_r1.train.lm_head import chunked_head_logprobs, scored_logprobs
 from agent_r1.types import Step, Trajectory
@@ -32,7 +32,7 @@ def _trajectories(seed: int) -> list[Trajectory]:
 
 def _micro_batches(pair_cost=None):
     trajectories = _trajectories(0)
-    return make_micro_batches(build_sequences(trajectories), step_rows(trajectories), 64, pair_cost=pair_cost)
+    return batch_of(trajectories, micro_batch_tokens=64, pair_cost=pair_cost).micro_batches[0]
 
 
 def _model(dtype, bias: bool = False):

@@ -25,7 +25,7 @@ from test_batching_trie import (
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from agent_r1.train import segment_attention
-from agent_r1.train.batching import build_sequences, make_micro_batches, step_rows
+from agent_r1.train.batch import batch_of
 from agent_r1.train.learner import micro_batch_logprobs
 from agent_r1.train.segment_attention import Segment, _bucket_splits, plan_segments
 from agent_r1.types import Trajectory
@@ -57,9 +57,9 @@ def test_segments_match_the_dense_tree_mask_forward_and_backward(tiny_checkpoint
         tiny_checkpoint, dtype=torch.float32, attn_implementation="sdpa"
     )
     trajectories = _trajectories()
-    rows = step_rows(trajectories)
     monkeypatch.setattr(segment_attention, "CHUNK_QUERIES", chunk_queries)
-    micro_batches = make_micro_batches(build_sequences(trajectories), rows, 150, pair_cost=0.0)
+    batch = batch_of(trajectories, micro_batch_tokens=150, pair_cost=0.0)
+    rows, micro_batches = batch.rows, batch.micro_batches[0]
     assert len(micro_batches) > 1 and any(mb.visible_until_BT is not None for mb in micro_batches)
     if chunk_queries is not None:  # every long segment really is cut
         longest = max(int(b.query_valid_NS.sum(1).max()) for mb in micro_batches for b in mb.segments.buckets)
@@ -102,8 +102,8 @@ def test_sequences_that_share_nothing_run_causally_in_place_and_match_the_dense_
             steps.append(_step(prompt, response))
             prompt = prompt + response + _tokens(rng, rng.randint(2, 6))
         trajectories.append(Trajectory(task_id="t", steps=tuple(steps)))
-    rows = step_rows(trajectories)
-    micro_batches = make_micro_batches(build_sequences(trajectories), rows, 90, pair_cost=0.0)
+    batch = batch_of(trajectories, micro_batch_tokens=90, pair_cost=0.0)
+    rows, micro_batches = batch.rows, batch.micro_batches[0]
     assert len(micro_batches) > 1
     assert all(not mb.segments.buckets and mb.segments.runs for mb in micro_batches)
     segmented, segmented_grads = _logprobs_and_grads(model, micro_batches, rows.num_tokens)
@@ -213,7 +213,7 @@ def test_a_sliding_window_model_is_refused_not_computed_wrongly(tiny_tokenizer):
     )
     model = Qwen2ForCausalLM(config)
     trajectories = _trajectories()[:2]
-    (mb,) = make_micro_batches(build_sequences(trajectories), step_rows(trajectories), 4096, pair_cost=0.0)
+    (mb,) = batch_of(trajectories, micro_batch_tokens=4096, pair_cost=0.0).all_micro_batches
     with pytest.raises(ValueError, match="sliding_window"):
         micro_batch_logprobs(model, mb, 1.0)
 

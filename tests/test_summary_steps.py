@@ -18,7 +18,7 @@ from agent_r1.envs.context import SUMMARY_STEP_KEY
 from agent_r1.flows import AgentEnvLoop
 from agent_r1.rollout.hf import HFEngine
 from agent_r1.train import phases
-from agent_r1.train.batching import build_sequences
+from agent_r1.train.batch import batch_of
 from agent_r1.types import SamplingParams, Trajectory
 
 
@@ -89,7 +89,7 @@ def test_the_policy_summary_is_a_step_and_the_next_prompt_holds_its_sampled_ids(
     )
     # A summary step, and the step after it, start new training sequences; the steps that extend
     # the summarised prompt (token-level append between summaries) share one.
-    sequences = build_sequences([trajectory], merge=True)
+    sequences = batch_of([trajectory], micro_batch_tokens=4096).sequences
     assert [[span.row for span in seq.spans] for seq in sequences] == [[0, 1, 2], [3], [4, 5], [6], [7]]
     assert sequences[1].token_ids == steps[3].prompt_ids + steps[3].response_ids
     # Dumps keep the marker.
@@ -100,7 +100,7 @@ def test_train_summaries_false_keeps_todays_untrained_summary(model, tiny_tokeni
     trajectory = run_episode(model, tiny_tokenizer, train_summaries=False)
     assert summary_rows(trajectory) == [] and len(trajectory.steps) == 6
     assert trajectory.steps[2].info["context"]["summarised"]
-    sequences = build_sequences([trajectory], merge=True)
+    sequences = batch_of([trajectory], micro_batch_tokens=4096).sequences
     assert [[span.row for span in seq.spans] for seq in sequences] == [[0, 1, 2], [3, 4], [5]]
 
 

@@ -16,7 +16,7 @@ from agent_r1.flows import AgentEnvLoop, rollout_group
 from agent_r1.models.tiny import build_tiny, build_tiny_tokenizer
 from agent_r1.rollout.hf import HFEngine
 from agent_r1.tasks import gridwalk_memory as gm
-from agent_r1.train.batching import build_sequences
+from agent_r1.train.batch import batch_of
 from agent_r1.train.builders import env_factory
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.sft import replay_demonstrations
@@ -82,7 +82,7 @@ def test_append_grows_the_prompt_as_an_exact_extension_of_prompt_plus_response()
     lengths = [len(s.prompt_ids) for s in steps]
     growth = {b - a for a, b in zip(lengths, lengths[1:], strict=False)}
     assert len(growth) == 1 and growth.pop() > 0  # every turn adds the same bytes: one move, one effect
-    assert len(build_sequences([replay("append")], merge=True)) == 1  # one training sequence
+    assert len(batch_of([replay("append")], micro_batch_tokens=4096).sequences) == 1  # one training sequence
 
 
 def test_sliding_window_keeps_the_last_k_turns_so_the_prompt_is_bounded_and_the_goal_is_lost():
@@ -114,7 +114,7 @@ def test_summarize_adds_a_summary_step_written_by_the_lent_policy():
         following = text(steps[row + 1].prompt_ids)
         assert f"Summary: {written}<|im_end|>" in following and following.count("Goal") == 1
     # Each summary step is a training sequence of its own, its response the target.
-    sequences = build_sequences([trajectory], merge=True)
+    sequences = batch_of([trajectory], micro_batch_tokens=4096).sequences
     summary_spans = [sp for seq in sequences for sp in seq.spans if sp.row in rows]
     assert [sp.length for sp in summary_spans] == [len(steps[r].response_ids) for r in rows]
     assert trajectory.outcome_reward == 1.0

@@ -34,6 +34,10 @@ Every per-token quantity of a batch (old log-probs, advantages, masks) lives in 
 step rows in order, each row's response tokens in order. ``StepRows`` gives each row's offset into it;
 a micro-batch carries the flat indices of the tokens it scores, so losses computed per micro-batch are
 gathered from and scattered to the same flat arrays regardless of the layout.
+
+These are the building blocks; ``agent_r1.train.batch.build_batch`` (``batch_of`` for trajectories
+outside groups) composes them into a step's batch and is the one way trajectories become training
+data.
 """
 
 from __future__ import annotations
@@ -56,13 +60,10 @@ __all__ = [
     "TrainSequence",
     "TreeLayout",
     "attention_pair_cost",
-    "build_sequences",
     "count_tokens",
-    "make_micro_batches",
     "pack_sequences",
     "pack_trees",
     "share_prefixes",
-    "step_rows",
     "trajectory_sequences",
 ]
 
@@ -103,36 +104,13 @@ class StepRows:
         return range(self.offsets[row], self.offsets[row] + len(self.steps[row].response_ids))
 
 
-def step_rows(trajectories: Sequence[Trajectory]) -> StepRows:
-    steps, owner, offsets = [], [], []
-    offset = 0
-    for i, trajectory in enumerate(trajectories):
-        for step in trajectory.steps:
-            steps.append(step)
-            owner.append(i)
-            offsets.append(offset)
-            offset += len(step.response_ids)
-    return StepRows(tuple(steps), tuple(owner), tuple(offsets))
-
-
-def build_sequences(trajectories: Sequence[Trajectory], *, merge: bool = True) -> list[TrainSequence]:
-    """Turn trajectories into training sequences; with ``merge``, prefix-extending steps share one.
-
-    Step rows are numbered as in ``step_rows(trajectories)``. Steps without response tokens get no
-    span (nothing to score) but still extend a merged sequence.
-    """
-    sequences: list[TrainSequence] = []
-    row = 0
-    for trajectory in trajectories:
-        sequences += trajectory_sequences(trajectory, row, merge=merge)
-        row += len(trajectory.steps)
-    return sequences
-
-
 def trajectory_sequences(
     trajectory: Trajectory, first_row: int, *, merge: bool = True
 ) -> list[TrainSequence]:
-    """``build_sequences`` of one trajectory whose first step is step row ``first_row``."""
+    """The training sequences of one trajectory whose first step is step row ``first_row``; with
+    ``merge``, prefix-extending steps share one (``agent_r1.train.batch.build_batch`` numbers the rows
+    of a whole batch). Steps without response tokens get no span (nothing to score) but still extend
+    a merged sequence."""
     sequences: list[TrainSequence] = []
     tokens: list[int] = []
     spans: list[StepSpan] = []
@@ -375,24 +353,6 @@ class MicroBatch:
         index_T = torch.arange(self.visible_until_BT.shape[1])
         causal_TT = index_T[:, None] >= index_T[None, :]
         return causal_TT & (index_T[None, :, None] < self.visible_until_BT[:, None, :])
-
-
-def make_micro_batches(
-    sequences: Sequence[TrainSequence],
-    rows: StepRows,
-    token_budget: int,
-    *,
-    row_width: int | None = None,
-    pad_token_id: int = 0,
-    pair_cost: float | None = None,
-) -> list[MicroBatch]:
-    """Pack ``sequences`` into rows, the rows into micro-batches of at most ``token_budget`` tokens.
-
-    With ``pair_cost`` (``attention_pair_cost`` of the model), sequences sharing a prefix are first
-    joined into prefix tries (``share_prefixes``); None keeps every sequence whole.
-    """
-    trees = share_prefixes(sequences, pair_cost=pair_cost, max_width=token_budget)
-    return pack_trees(trees, rows, token_budget, row_width=row_width, pad_token_id=pad_token_id)
 
 
 def pack_trees(

@@ -4,9 +4,10 @@ A demonstration is the list of assistant responses (text) of one episode. ``repl
 plays each one through a fresh environment: the environment builds every prompt (chat template,
 system prompt, tool results, context policy) exactly as it will during RL, and each response becomes
 ``encode(text) + [eos]``, the tokens a model must produce to say it. The result is ordinary
-``Trajectory`` records, so ``agent_r1.train.batching.build_sequences`` packs each episode into one
-sequence with a span per response, and ``train_sft`` minimises the negative log-likelihood of the
-response tokens only (assistant tokens; prompts and tool results are context, never targets).
+``Trajectory`` records, so the training-data builder (``agent_r1.train.batch.batch_of``) packs each
+episode into one sequence with a span per response, and ``train_sft`` minimises the negative
+log-likelihood of the response tokens only (assistant tokens; prompts and tool results are context,
+never targets).
 
 Behaviour cloning (Pomerleau 1991): loss = mean over all response tokens of a batch of
 ``-log p(token | prefix)``, AdamW, linear warm-up then linear decay.
@@ -25,7 +26,8 @@ from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.base import AgentEnv
 from agent_r1.models.tokens import observation_ids
-from agent_r1.train.batching import TrainSequence, build_sequences
+from agent_r1.train.batch import batch_of
+from agent_r1.train.batching import TrainSequence
 from agent_r1.types import Action, Step, Task, Trajectory
 
 __all__ = ["SFTConfig", "replay_demonstration", "replay_demonstrations", "sft_sequences", "train_sft"]
@@ -124,7 +126,9 @@ def replay_demonstrations(
 
 def sft_sequences(trajectories: Sequence[Trajectory]) -> list[TrainSequence]:
     """Training sequences (prefix-extending steps merged) whose spans mark the assistant tokens."""
-    return build_sequences(trajectories, merge=True)
+    # ``train_sft`` pads its own batches from the sequences: the packed micro-batches go unused, so
+    # one budget holds them all.
+    return list(batch_of(trajectories, micro_batch_tokens=2**31).sequences)
 
 
 def _padded_batch(sequences: Sequence[TrainSequence], pad_id: int):

@@ -355,22 +355,15 @@ class MicroBatch:
         return causal_TT & (index_T[None, :, None] < self.visible_until_BT[:, None, :])
 
 
-def pack_trees(
-    trees: Sequence[PrefixTree],
-    rows: StepRows,
-    token_budget: int,
-    *,
-    row_width: int | None = None,
-    pad_token_id: int = 0,
-) -> list[MicroBatch]:
+def pack_trees(trees: Sequence[PrefixTree], rows: StepRows, token_budget: int) -> list[MicroBatch]:
     """Pack prefix trees into rows, the rows into micro-batches of at most ``token_budget`` tokens.
 
-    A row is at most ``row_width`` tokens wide (default: the widest tree), never one long row per
-    budget: without a variable-length attention kernel (CPU, plain SDPA) a packed row's attention
+    A row is at most as wide as the widest tree, never one long row per budget: without a variable-length attention kernel (CPU, plain SDPA) a packed row's attention
     costs (row width)^2 whatever the sequences inside it, so wide rows would make packing slower than
-    padding. Rows of a micro-batch are right-padded to the widest of them.
+    padding. Rows of a micro-batch are right-padded to the widest of them (with token id 0: padding is
+    one more segment, never attended to by a real token and never scored).
     """
-    width = max(row_width or 0, max((len(t) for t in trees), default=1))
+    width = max((len(t) for t in trees), default=1)
     packed_rows = pack_sequences(trees, width)
     packed_rows.sort(key=count_tokens, reverse=True)
     micro_batches: list[MicroBatch] = []
@@ -379,14 +372,12 @@ def pack_trees(
         # Rows are sorted widest first, so the first row of a group sets its width.
         group_width = count_tokens(packed_rows[i])
         n_rows = max(1, token_budget // max(group_width, 1))
-        micro_batches.append(_micro_batch(packed_rows[i : i + n_rows], group_width, rows, pad_token_id))
+        micro_batches.append(_micro_batch(packed_rows[i : i + n_rows], group_width, rows))
         i += n_rows
     return micro_batches
 
 
-def _micro_batch(
-    packed_rows: Sequence[Sequence[PrefixTree]], width: int, rows: StepRows, pad_token_id: int
-) -> MicroBatch:
+def _micro_batch(packed_rows: Sequence[Sequence[PrefixTree]], width: int, rows: StepRows) -> MicroBatch:
     input_ids, positions, visible_until = [], [], []
     logit_index, targets, flat = [], [], []
     segments: list[Segment] = []
@@ -416,7 +407,7 @@ def _micro_batch(
             start += len(tree)
         # The padding is one more segment: it sees only itself and is never scored.
         padding = width - start
-        row_ids.append(torch.full((padding,), pad_token_id, dtype=torch.long))
+        row_ids.append(torch.full((padding,), 0, dtype=torch.long))
         row_positions.append(torch.arange(padding))
         row_until.append(torch.full((padding,), width, dtype=torch.long))
         input_ids.append(torch.cat(row_ids))

@@ -186,10 +186,10 @@ def _rank_main(rank: int, ports: list[int], checkpoint: str, out_dir: str) -> No
             assert trainer_state["note"] == "test" and "critic" not in trainer_state
 
         def critic_update(mini, worker=worker):
-            return worker.critic_update(_shard(mini, rank), _value_loss)
+            return worker.update_critic(_shard(mini, rank), _value_loss)
 
         def values(mini, worker=worker):
-            part = worker.critic_values(_shard(mini, rank).micro_batches, mini.weights.numel())
+            part = worker.values(_shard(mini, rank).micro_batches, mini.weights.numel())
             dist.all_reduce(part)
             return part
 

@@ -37,6 +37,7 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 
 import ray
 import torch
@@ -44,13 +45,12 @@ import torch.distributed as dist
 from ray.exceptions import RayActorError
 
 from agent_r1.distributed.placement import scheduling
-from agent_r1.train.backends import export_weights
+from agent_r1.train.backends import export_weights, local_learner
 from agent_r1.train.batching import MicroBatch
-from agent_r1.train.builders import build_learners, estimator_needs, load_config_tokenizer
+from agent_r1.train.builders import estimator_needs, load_config_tokenizer
 from agent_r1.train.config import TrainConfig
-from agent_r1.train.learner import MiniBatch, TokenLoss, load_policy
+from agent_r1.train.learner import Learner, MiniBatch, TokenLoss, load_policy
 from agent_r1.train.process import apply_process_settings
-from agent_r1.train.teacher import load_teacher
 
 __all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
 
@@ -85,7 +85,9 @@ def shard_micro_batches(micro_batches: Sequence[MicroBatch], shards: int) -> lis
 
 
 class LearnerWorker:
-    """One rank: builds its policy replica and Learner (and the critic's) from the config."""
+    """One rank: builds its learners (``agent_r1.train.backends.local_learner``: the policy's, the
+    critic's, the teacher, as in one process) from the config, each ``Learner`` synchronised by the
+    data-parallel strategy; its methods are the learner backend's, on this rank's shard."""
 
     def __init__(self, config: TrainConfig, rank: int, world_size: int) -> None:
         self.config = config
@@ -120,72 +122,56 @@ class LearnerWorker:
         def data_parallel(model, replica) -> Strategy:
             return make_strategy(config.distributed.strategy, model, device, replica)
 
-        self.learner, self.critic = build_learners(
-            config, load_policy(config.model), device, data_parallel=data_parallel
+        tokenizer = load_config_tokenizer(config)
+        self.learners = local_learner(
+            config, tokenizer, load_policy(config.model), device, data_parallel=data_parallel
         )
-        self.strategy: Strategy = self.learner.sync
-        self.critic_strategy: Strategy | None = None if self.critic is None else self.critic.sync
-        self.tokenizer = load_config_tokenizer(config)
-        self.teacher = load_teacher(config, device)  # a local distillation teacher, like the reference
         return self.rank
 
+    @property
+    def learner(self) -> Learner:
+        """The policy's ``Learner``."""
+        return self.learners.policy
+
+    @property
+    def critic(self) -> Learner | None:
+        return self.learners.critic
+
     def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int, reference: bool) -> torch.Tensor:
-        return self.learner.logprobs(micro_batches, num_tokens, reference=reference)
+        return self.learners.logprobs(micro_batches, num_tokens, reference=reference)
 
     def update(self, mini_batch: MiniBatch, objective: TokenLoss, with_entropy: bool) -> dict[str, float]:
         """``Learner.update`` over this rank's shard with the driver's ``objective``; the strategy makes
         every rank take the same step."""
-        return self.learner.update(mini_batch, objective, with_entropy=with_entropy)
+        return self.learners.update(mini_batch, objective, with_entropy=with_entropy)
 
     def teacher_logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
-        return self.teacher.logprobs(micro_batches, num_tokens)
+        return self.learners.teacher_logprobs(micro_batches, num_tokens)
 
-    def critic_values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
-        return self.critic.logprobs(micro_batches, num_tokens)
+    def values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
+        return self.learners.values(micro_batches, num_tokens)
 
-    def critic_update(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict[str, float]:
+    def update_critic(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict[str, float]:
         """The critic's ``Learner.update`` over this rank's shard with the driver's value objective."""
-        return self.critic.update(mini_batch, objective)
+        return self.learners.update_critic(mini_batch, objective)
 
     def export_weights(self) -> list[tuple[str, torch.Tensor]] | None:
         """The policy's weights under Hugging Face names (LoRA merged), on the CPU, for the engines
         (rank 0; the other ranks take part in gathering sharded weights and return None)."""
-        model, _ = self.strategy.full_state(self.learner, optimizer=False)
+        model, _ = self.learner.sync.full_state(self.learner, optimizer=False)
         if model is None:
             return None
         return [(name, t.cpu()) for name, t in export_weights(model)]
 
     def save_checkpoint(self, directory: str, step: int, trainer_state: dict) -> str | None:
         """Rank 0 writes the checkpoint (the other ranks take part in gathering sharded state)."""
-        from agent_r1.train.checkpoint import save_checkpoint, with_critic
-
-        model, optimizer_state = self.strategy.full_state(self.learner, optimizer=True)
-        if self.critic is not None:  # in the local learner's format
-            critic, critic_optimizer = self.critic_strategy.full_state(self.critic, optimizer=True)
-            if critic is not None:
-                critic_learner = {**self.critic.state_dict(), "optimizer": critic_optimizer}
-                trainer_state = with_critic(trainer_state, critic.state_dict(), critic_learner)
-        if model is None:
-            return None
-        path = save_checkpoint(
-            directory,
-            step,
-            model,
-            {**self.learner.state_dict(), "optimizer": optimizer_state},
-            trainer_state,
-            keep=self.config.trainer.keep_checkpoints,
-            tokenizer=self.tokenizer,
-        )
-        return str(path)
+        path = self.learners.save_checkpoint(Path(directory), step, trainer_state)
+        return None if path is None else str(path)
 
     def load_checkpoint(self, path: str) -> dict:
-        """Every rank loads checkpoint ``path``; returns the trainer state (without the critic's)."""
-        from agent_r1.train.checkpoint import split_critic
-
-        trainer_state, critic = split_critic(self.strategy.load_checkpoint(path, self.learner))
-        if self.critic is not None:
-            self.critic_strategy.load_state(self.critic, *critic)
-        return trainer_state
+        """Every rank loads checkpoint ``path`` (verified against its manifest); returns the trainer
+        state (without the critic's)."""
+        return self.learners.load_checkpoint(Path(path), verify=True)
 
 
 class LearnerGroup:
@@ -317,7 +303,7 @@ class LearnerGroup:
         return torch.stack(parts).sum(0)  # shards score disjoint tokens; the rest are zeros
 
     def values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
-        parts = self._sharded("critic_values", micro_batches, num_tokens)
+        parts = self._sharded("values", micro_batches, num_tokens)
         return torch.stack(parts).sum(0)
 
     def teacher_logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
@@ -344,7 +330,7 @@ class LearnerGroup:
         return self._update("update", mini_batch, objective, with_entropy)
 
     def update_critic(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict[str, float]:
-        return self._update("critic_update", mini_batch, objective)
+        return self._update("update_critic", mini_batch, objective)
 
     def weights(self):
         """An object ref of rank 0's weights (handed to the rollout actors without a driver copy)."""

@@ -6,9 +6,10 @@ a task to the same actor, collects the trajectories as they finish, and when an 
 exactly the samples that had not come back. Every ``(task, sample)`` is in the batch exactly once.
 
 Seeding: an actor seeds requests with ``agent_r1.rollout.seeded.SeededEngine``, one per (step, task,
-sample), seeded by that identity (``sample_seed_base``), so a Ray rollout samples the same trajectories
-as the single-process trainer, in the same order. A re-queued sample gets a fresh seed base (``:retry<k>``): its
-siblings' seeds are not reused, so a restart never duplicates a trajectory.
+sample), by the same function as the single-process trainer (``sample_engine``), so a Ray rollout samples
+the same trajectories as the single-process trainer, in the same order. A re-queued sample's attempt gives
+it a fresh seed base (``:retry<k>``): its siblings' seeds are not reused, so a restart never duplicates a
+trajectory.
 
 Versions: an actor's engine swaps weights only between requests (``agent_r1.rollout.versioned``):
 ``update_weights`` waits for the requests being sampled and holds the next ones, so every step is
@@ -101,17 +102,13 @@ class RolloutActor:
         return self.slot
 
     def _engine_for(self, request: SampleRequest) -> _OrderedSample:
-        from agent_r1.rollout.seeded import SeededEngine, sample_seed_base
+        from agent_r1.rollout.seeded import sample_engine
 
         if request.seed_base != self._seed_base:
             self._seed_base, self._groups = request.seed_base, {}
         key = (request.seed_base, request.key.task_index, request.key.sample_index, request.attempt)
         if key not in self._groups:
-            engine = SeededEngine(self.engine)
-            suffix = f":retry{request.attempt}" if request.attempt else ""
-            base = sample_seed_base(request.seed_base, request.key.task_index, request.key.sample_index)
-            engine.reseed(f"{base}{suffix}")
-            self._groups[key] = _GroupSeeds(engine)
+            self._groups[key] = _GroupSeeds(sample_engine(self.engine, *key))
         return _OrderedSample(self._groups[key])
 
     async def sample(self, request: SampleRequest) -> tuple[Trajectory, int, float]:
@@ -197,12 +194,12 @@ class RolloutPool:
         *,
         evaluation: bool = False,
     ) -> RolloutJob:
-        """Send ``n`` samples of every task; group ids as in ``agent_r1.flows.rollout_groups``."""
-        from agent_r1.envs.context import task_id
+        """Send ``n`` samples of every task; group ids by ``agent_r1.flows.base.task_group_id``."""
+        from agent_r1.flows.base import task_group_id
 
         job = RolloutJob(list(tasks), n)
         for i, task in enumerate(tasks):
-            group_id = f"{i}:{task_id(task)}" if task_id(task) else str(i)
+            group_id = task_group_id(i, task)
             for j in range(n):
                 self._send(job, SampleRequest(SampleKey(i, j), task, group_id, seed_base, evaluation))
         return job

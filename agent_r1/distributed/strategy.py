@@ -51,8 +51,8 @@ __all__ = ["DDPStrategy", "FSDP2Strategy", "STRATEGIES", "Strategy", "decoder_la
 
 
 class Strategy(GradientSync):
-    """A ``GradientSync`` for one rank of a process group, plus the full-weight access rank 0 needs
-    to export weights and write checkpoints."""
+    """A ``GradientSync`` for one rank of a process group: ``full_state`` gives rank 0 the full
+    weights it exports and checkpoints, the others (None, None)."""
 
     stops_early = False
 
@@ -67,19 +67,6 @@ class Strategy(GradientSync):
             for name, value in rank_sums.items():
                 out[name] = out.get(name, 0.0) + value
         return out
-
-    def full_state(self, learner: Learner, *, optimizer: bool) -> tuple[Any, dict | None]:
-        """(a module with the full weights, the full optimizer state if asked) on rank 0, (None, None)
-        elsewhere. Collective: every rank calls it."""
-        raise NotImplementedError
-
-    def load_checkpoint(self, path: str, learner: Learner) -> dict:
-        """Load checkpoint ``path`` into ``learner`` on every rank; return the trainer state."""
-        raise NotImplementedError
-
-    def load_state(self, learner: Learner, weights: dict, learner_state: dict) -> None:
-        """Load full weights and learner state (as ``full_state`` gave them), held by every rank."""
-        raise NotImplementedError
 
 
 def _sum_allreduce(process_group, bucket):  # DDP rejects a string annotation (future import)
@@ -116,20 +103,11 @@ class DDPStrategy(Strategy):
         return self.ddp.no_sync()
 
     def full_state(self, learner: Learner, *, optimizer: bool) -> tuple[Any, dict | None]:
+        """Every rank holds a full replica: rank 0 gives its own (and every rank loads a checkpoint
+        as one process does)."""
         if dist.get_rank() != 0:
             return None, None
-        return learner.model, learner.optimizer.state_dict() if optimizer else None
-
-    def load_checkpoint(self, path: str, learner: Learner) -> dict:
-        from agent_r1.train.checkpoint import load_checkpoint
-
-        learner_state, trainer_state = load_checkpoint(path, learner.model)
-        learner.load_state_dict(learner_state)
-        return trainer_state
-
-    def load_state(self, learner: Learner, weights: dict, learner_state: dict) -> None:
-        learner.model.load_state_dict(weights)
-        learner.load_state_dict(learner_state)
+        return super().full_state(learner, optimizer=optimizer)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -216,7 +194,7 @@ class FSDP2Strategy(Strategy):
         self.replica.load_state_dict(weights)
         return self.replica, optimizer_state
 
-    def load_checkpoint(self, path: str, learner: Learner) -> dict:
+    def load_checkpoint(self, path, learner: Learner, *, verify: bool = True) -> dict:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         from agent_r1.train.checkpoint import load_checkpoint
@@ -224,7 +202,7 @@ class FSDP2Strategy(Strategy):
         self._reshard()
         weights, optimizer_state, rest = {}, {}, [None]
         if self.replica is not None:
-            learner_state, trainer_state = load_checkpoint(path, self.replica)
+            learner_state, trainer_state = load_checkpoint(path, self.replica, verify=verify)
             weights = self.replica.state_dict()
             optimizer_state = learner_state.pop("optimizer")
             rest = [(learner_state, trainer_state, bool(optimizer_state))]

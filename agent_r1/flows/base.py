@@ -51,6 +51,7 @@ __all__ = [
     "rollout_group",
     "rollout_groups",
     "short_traceback",
+    "task_group_id",
 ]
 
 TRACEBACK_FRAMES = 4
@@ -357,15 +358,19 @@ async def rollout_group(
     return TrajectoryGroup(group_id, task_id(task), trajectories)
 
 
+def task_group_id(index: int, task: Task) -> str:
+    """The group id of a rollout's task ``index``: ``"<index>"``, or ``"<index>:<task id>"`` when the
+    task has an id; one formula for every backend (in one process and on Ray)."""
+    return f"{index}:{task_id(task)}" if task_id(task) else str(index)
+
+
 async def rollout_groups(
     flow: AgentFlow, engine: Engine, tasks: Sequence[Task], n: int
 ) -> list[TrajectoryGroup]:
-    """``rollout_group`` for every task, all concurrently; group ids are ``"<index>"`` or
-    ``"<index>:<task id>"`` when the task has an id."""
-    group_ids = [f"{i}:{task_id(t)}" if task_id(t) else str(i) for i, t in enumerate(tasks)]
+    """``rollout_group`` for every task, all concurrently; group ids by ``task_group_id``."""
     return list(
         await asyncio.gather(
-            *(rollout_group(flow, engine, t, n, g) for t, g in zip(tasks, group_ids, strict=True))
+            *(rollout_group(flow, engine, t, n, task_group_id(i, t)) for i, t in enumerate(tasks))
         )
     )
 
@@ -376,13 +381,11 @@ async def seeded_rollout_groups(
     """``rollout_groups`` with every sample on its own ``SeededEngine`` over ``engine``, seeded by
     (``seed_base``, task index, sample index): sample i of task j samples the same tokens whatever
     order the samples' requests reach the engine in (``agent_r1.rollout.seeded``)."""
-    from agent_r1.rollout.seeded import SeededEngine, sample_seed_base
+    from agent_r1.rollout.seeded import sample_engine
 
     async def group(index: int, task: Task) -> TrajectoryGroup:
-        group_id = f"{index}:{task_id(task)}" if task_id(task) else str(index)
-        engines = [SeededEngine(engine) for _ in range(n)]
-        for sample, seeded in enumerate(engines):
-            seeded.reseed(sample_seed_base(seed_base, index, sample))
+        group_id = task_group_id(index, task)
+        engines = [sample_engine(engine, seed_base, index, sample) for sample in range(n)]
         outcomes = await asyncio.gather(
             *(rollout_group(flow, seeded, task, 1, group_id) for seeded in engines), return_exceptions=True
         )

@@ -8,14 +8,24 @@ from dataclasses import replace
 
 from agent_r1.types import Completion, SamplingParams
 
-__all__ = ["SeededEngine", "sample_seed_base"]
+__all__ = ["SeededEngine", "sample_engine", "sample_seed_base"]
 
 
-def sample_seed_base(base: str, task_index: int, sample_index: int) -> str:
+def sample_seed_base(base: str, task_index: int, sample_index: int, attempt: int = 0) -> str:
     """The seed base of sample ``sample_index`` of the rollout's task ``task_index``: each sample seeds
     its requests from its own identity, so that which sample gets which seed does not depend on the
-    order in which the samples' (identical) first prompts reach the engine."""
-    return f"{base}:{task_index}:{sample_index}"
+    order in which the samples' (identical) first prompts reach the engine. ``attempt`` k > 0 (a
+    sample re-queued after its rollout actor died) adds ``:retry<k>``: fresh seeds, never a sibling's."""
+    retry = f":retry{attempt}" if attempt else ""
+    return f"{base}:{task_index}:{sample_index}{retry}"
+
+
+def sample_engine(engine, base: str, task_index: int, sample_index: int, attempt: int = 0) -> SeededEngine:
+    """The engine one sample of a rollout samples through: ``engine`` seeded by the sample's identity
+    (``sample_seed_base``); the same seeds in one process and on Ray."""
+    seeded = SeededEngine(engine)
+    seeded.reseed(sample_seed_base(base, task_index, sample_index, attempt))
+    return seeded
 
 
 class SeededEngine:

@@ -17,7 +17,9 @@ and ``Learner`` objects; on Ray (``agent_r1.distributed``) the same protocols ar
 ``make_backends(config, tokenizer, ...)`` is the one place that assembles them: ``BACKENDS`` maps each
 ``distributed.backend`` to its builder by entry-point string, imported on first use, so this package
 never imports ``agent_r1.distributed`` (which imports Ray). Both build their parts with the same
-builders (``agent_r1.train.builders``) and store checkpoints in one format (``agent_r1.train.checkpoint``).
+builders (``agent_r1.train.builders``); every Ray learner worker holds the learners ``local_learner``
+builds (a ``LocalLearner`` whose ``Learner``s synchronise through a data-parallel strategy), so a
+checkpoint is written and read by one piece of code in one format (``agent_r1.train.checkpoint``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from torch import Tensor
 from agent_r1.flows.base import AgentFlow, seeded_rollout_groups
 from agent_r1.rollout.versioned import VersionedEngine
 from agent_r1.train.batching import MicroBatch
-from agent_r1.train.checkpoint import load_checkpoint, save_checkpoint, split_critic, with_critic
+from agent_r1.train.checkpoint import save_checkpoint, split_critic, with_critic
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.learner import Learner, MiniBatch, TokenLoss
 from agent_r1.types import Task, TrajectoryGroup
@@ -301,7 +303,9 @@ class LocalRollout:
 
 
 class LocalLearner:
-    """The policy's ``Learner`` (and the critic's) in this process; checkpoints via
+    """The learners of one process: the policy's ``Learner``, the critic's and the local distillation
+    teacher. It is the in-process learner backend, and each Ray learner worker holds one (its
+    ``Learner``s then synchronise through a data-parallel strategy). Checkpoints via
     ``agent_r1.train.checkpoint`` (the critic's state rides in the trainer state)."""
 
     def __init__(
@@ -334,29 +338,36 @@ class LocalLearner:
         model = self.policy.model
         return lambda: export_weights(model)
 
-    def save_checkpoint(self, directory: Path, step: int, trainer_state: dict) -> Path:
+    def save_checkpoint(self, directory: Path, step: int, trainer_state: dict) -> Path | None:
+        """Checkpoint ``step``: the policy in ``model/`` and ``learner.pt``, the critic in the trainer
+        state (``with_critic``). Collective on a learner group: every rank calls it (sharded state is
+        gathered), rank 0 writes it; the others return None."""
+        model, optimizer_state = self.policy.sync.full_state(self.policy, optimizer=True)
         if self.critic is not None:
-            trainer_state = with_critic(
-                trainer_state, self.critic.model.state_dict(), self.critic.state_dict()
-            )
+            critic, critic_optimizer = self.critic.sync.full_state(self.critic, optimizer=True)
+            if critic is not None:
+                critic_learner = {**self.critic.state_dict(), "optimizer": critic_optimizer}
+                trainer_state = with_critic(trainer_state, critic.state_dict(), critic_learner)
+        if model is None:
+            return None
         return save_checkpoint(
             directory,
             step,
-            self.policy.model,
-            self.policy.state_dict(),
+            model,
+            {**self.policy.state_dict(), "optimizer": optimizer_state},
             trainer_state,
             keep=self.keep_checkpoints,
             tokenizer=self.tokenizer,
         )
 
-    def load_checkpoint(self, path: Path) -> dict:
-        learner_state, trainer_state = load_checkpoint(path, self.policy.model, verify=False)
-        self.policy.load_state_dict(learner_state)
-        trainer_state, critic = split_critic(trainer_state)
+    def load_checkpoint(self, path: Path, *, verify: bool = False) -> dict:
+        """Restore checkpoint ``path`` on every rank; returns the trainer state without the critic's.
+        ``verify``: check its manifest first (the trainer loads one ``latest_checkpoint`` verified)."""
+        trainer_state, critic = split_critic(
+            self.policy.sync.load_checkpoint(path, self.policy, verify=verify)
+        )
         if self.critic is not None:
-            weights, critic_state = critic
-            self.critic.model.load_state_dict(weights)
-            self.critic.load_state_dict(critic_state)
+            self.critic.sync.load_state(self.critic, *critic)
         return trainer_state
 
     def metrics(self) -> dict[str, float]:
@@ -461,13 +472,15 @@ def local_rollout(
     )
 
 
-def local_learner(config, tokenizer, model, device) -> LocalLearner:
-    """The in-process learner backend: ``model``'s Learner (with the reference for the KL term), for
-    estimators that read values a critic, and a local distillation teacher (``algorithm.distill``)."""
+def local_learner(config, tokenizer, model, device, *, data_parallel=None) -> LocalLearner:
+    """The learners of one process: ``model``'s Learner (with the reference for the KL term), for
+    estimators that read values a critic, and a local distillation teacher (``algorithm.distill``).
+    The in-process learner backend, and (with ``data_parallel``, see ``build_learners``) what each Ray
+    learner worker holds."""
     from agent_r1.train.builders import build_learners
     from agent_r1.train.teacher import load_teacher
 
-    policy, critic = build_learners(config, model, device)
+    policy, critic = build_learners(config, model, device, data_parallel=data_parallel)
     return LocalLearner(
         policy,
         critic,

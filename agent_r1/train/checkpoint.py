@@ -21,8 +21,7 @@ Only the last ``keep`` checkpoints are kept. A write that fails (a full disk, an
 directory) removes its temporary folder and raises one ``CheckpointWriteError`` saying where and why;
 the checkpoints already there are untouched, so ``--resume`` continues from the previous one.
 
-``AGENT_R1_CHECKPOINT_WRITE_DELAY="STEP:SECONDS"`` (for tests only) sleeps halfway through the write of
-checkpoint STEP so that a test can kill the process while that checkpoint is being written.
+A test kills a process mid-write through ``agent_r1.train.fault_injection.mid_checkpoint_write``.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ import logging
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ import numpy as np
 import torch
 
 from agent_r1.models.loading import save_model
+from agent_r1.train import fault_injection
 
 __all__ = [
     "CheckpointError",
@@ -61,7 +60,6 @@ PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 CORRUPT_PREFIX = "corrupt-"
 MANIFEST = "manifest.json"
-WRITE_DELAY_ENV = "AGENT_R1_CHECKPOINT_WRITE_DELAY"
 
 
 class CheckpointError(ValueError):
@@ -120,9 +118,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         save_model(model, tokenizer, tmp / "model")
-        delay_step, _, delay_s = os.environ.get(WRITE_DELAY_ENV, "").partition(":")
-        if delay_step and int(delay_step) == step:
-            time.sleep(float(delay_s))
+        fault_injection.mid_checkpoint_write(step)  # a test may kill the process here
         torch.save(learner_state, tmp / "learner.pt")
         torch.save({**trainer_state, "step": step}, tmp / "trainer_state.pt")
         (tmp / "info.json").write_text(json.dumps({"step": step, "lora": _is_peft(model)}))

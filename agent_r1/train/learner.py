@@ -18,7 +18,8 @@
   does nothing): it picks the module the update runs forward/backward on (a DDP or FSDP2 wrapper), how
   many passes every rank runs (collectives need equal counts; a rank short of micro-batches runs
   zero-weight padding passes), suspends gradient reduction for all but the last backward, and sums
-  the loss, the finite flag and the statistics over the ranks after accumulation, before clipping
+  the loss, the finite flag and the statistics over the ranks after accumulation, before clipping,
+  and reads and loads the full state a checkpoint holds (rank 0 gathers sharded weights)
   (``agent_r1.distributed.strategy``).
 """
 
@@ -31,6 +32,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -236,6 +238,25 @@ class GradientSync:
     def grad_norm(self, parameters: Sequence[torch.nn.Parameter], max_norm: float) -> float:
         """Clip the (already reduced) gradients to ``max_norm``; return the norm before clipping."""
         return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+
+    def full_state(self, learner: Learner, *, optimizer: bool) -> tuple[Any, dict | None]:
+        """(a module with ``learner``'s full weights, its full optimizer state if asked) where the
+        checkpoint is written, (None, None) on the other ranks. Collective: every rank calls it."""
+        return learner.model, learner.optimizer.state_dict() if optimizer else None
+
+    def load_checkpoint(self, path, learner: Learner, *, verify: bool = True) -> dict:
+        """Load checkpoint ``path`` (``agent_r1.train.checkpoint.load_checkpoint``) into ``learner``;
+        return the trainer state. Collective: every rank calls it."""
+        from agent_r1.train.checkpoint import load_checkpoint
+
+        learner_state, trainer_state = load_checkpoint(path, learner.model, verify=verify)
+        learner.load_state_dict(learner_state)
+        return trainer_state
+
+    def load_state(self, learner: Learner, weights: dict, learner_state: dict) -> None:
+        """Load full weights and learner state (as ``full_state`` gave them), held by every rank."""
+        learner.model.load_state_dict(weights)
+        learner.load_state_dict(learner_state)
 
 
 def _padding_micro_batch() -> MicroBatch:

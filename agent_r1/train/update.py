@@ -3,17 +3,15 @@ critic's step after the policy's on each mini-batch (docs/training.md, "One trai
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from agent_r1.algos import TokenFields, ValueObjective, aggregation_weights
+from agent_r1.train import fault_injection
 from agent_r1.train.batch import TrainBatch, hash_seed
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import TrainConfig
@@ -44,22 +42,6 @@ def loss_weights(mask_T: Tensor, tokens: TokenFields, config: TrainConfig) -> Te
         norm_len=aggregation.norm_len or float(config.rollout.max_tokens),
         equal_trajectory_weight=aggregation.equal_trajectory_weight,
     )
-
-
-UPDATE_DELAY_ENV = "AGENT_R1_UPDATE_DELAY"
-
-
-def _test_delay(step: int, updates: int) -> None:
-    """``AGENT_R1_UPDATE_DELAY="STEP:SECONDS:MARKER"`` (for tests only): after the first optimizer step
-    of step STEP, create the file MARKER and sleep, so that a test can signal or kill the process
-    mid-update (some mini-batches applied, others not)."""
-    value = os.environ.get(UPDATE_DELAY_ENV)
-    if not value or updates != 1:
-        return
-    delay_step, seconds, marker = value.split(":", 2)
-    if int(delay_step) == step:
-        Path(marker).touch()
-        time.sleep(float(seconds))
 
 
 def update(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:
@@ -99,7 +81,7 @@ def ppo_update(
             weights_T = loss_weights(mask_T, tokens, config)
             mini = MiniBatch(batch.micro_batches[j], weights_T, replace(tokens, mask=mask_T))
             history.append(learner.update(mini, objective, with_entropy=True))
-            _test_delay(step, len(history))
+            fault_injection.after_optimizer_step(step, len(history))
             if learner.has_critic:
                 history.append(
                     _critic_update(

@@ -111,6 +111,9 @@ def test_agent_failures_become_error_trajectories_with_the_reason(tiny_tokenizer
     assert text.status is TrajectoryStatus.ERROR and "configure reward_fn" in text.error
     scored = run(tiny_tokenizer, ["ok"], says_text, reward_fn=lambda result, task: float(result == "ok"))
     assert scored.status is TrajectoryStatus.OK and scored.outcome_reward == 1.0
+    # One call is exact (it was absent before: the metric needed two calls to judge).
+    assert scored.steps[-1].info["exact_fraction"] == 1.0
+    assert scored.steps[-1].metrics == {"gateway/exact_fraction": 1.0}
     # ... and is never trained: the filter keeps the OK trajectory only, and the batch has its step only.
     group = TrajectoryGroup("g", "t", (raised, scored))
     (kept,), _ = keep_groups([group], dynamic_filter=False)

@@ -30,7 +30,7 @@ served one at a time, in arrival order.
 ``fresh_reason``; ``tool_calls``, ``tool_parse_errors``, ``near_miss``, ``tool_choice_unmet``,
 ``client_disconnected``); the last step also has ``exact_fraction`` (``gateway.exact_fraction``), and
 reports it as the metric ``gateway/exact_fraction`` (``StepResult.metrics``: the trainer's mean over the
-trajectories whose agent returned after two calls or more).
+trajectories whose agent returned; a single call counts as exact, 1.0).
 An agent that raises or outlives ``timeout_s`` ends the episode with the trajectory's status ERROR and
 the agent's traceback.
 """

@@ -162,13 +162,14 @@ def engine_sampler(engine: Any) -> Sampler:
 
 
 def exact_fraction(calls: Sequence[CallRecord | Step]) -> float | None:
-    """The share of calls after the first whose prompt extended an earlier call exactly (None for
-    fewer than two calls): 1.0 means every step's prompt is the previous prompt + sampled ids +
-    template delta, so the trajectory packs into merged training sequences."""
-    infos = [c.info.get("gateway", c.info) for c in calls][1:]
-    if not infos:
-        return None
-    return sum(i.get("prompt") == "extends" for i in infos) / len(infos)
+    """The share of calls after the first whose prompt extended an earlier call exactly: 1.0 means
+    every step's prompt is the previous prompt + sampled ids + template delta, so the trajectory
+    packs into merged training sequences. One call is exact (1.0: nothing it could fail to extend,
+    one sequence); None only for no call at all."""
+    infos = [c.info.get("gateway", c.info) for c in calls]
+    if len(infos) <= 1:
+        return 1.0 if infos else None
+    return sum(i.get("prompt") == "extends" for i in infos[1:]) / (len(infos) - 1)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ the agent's traceback.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import time
 import traceback
@@ -184,8 +185,11 @@ class AgentProgramEnv(AgentEnv):
             raise EnvKwargsError(
                 "tool_prompt", f"must be one of {TOOL_PROMPTS}, got {kwargs['tool_prompt']!r}"
             )
-        if kwargs.get("sdk", "openai") not in ("openai", "anthropic"):
+        sdk = kwargs.get("sdk", "openai")
+        if sdk not in ("openai", "anthropic"):
             raise EnvKwargsError("sdk", f"must be 'openai' or 'anthropic', got {kwargs['sdk']!r}")
+        if importlib.util.find_spec(sdk) is None:  # the base install has neither client
+            raise EnvKwargsError("sdk", f"{sdk!r} needs the {sdk} package: pip install 'agent-r1[agents]'")
         if "format" in kwargs:
             try:
                 get_format(kwargs["format"])

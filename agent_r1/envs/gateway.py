@@ -81,7 +81,13 @@ from agent_r1.rollout.openai_api import (
     key_matches,
     sampling_params,
 )
-from agent_r1.tools.formats import ToolCallFormat, compact_tools_text, get_format
+from agent_r1.tools.formats import (
+    TOOL_PROMPTS,
+    ToolCallFormat,
+    compact_tools_text,
+    get_format,
+    with_tool_prompt,
+)
 from agent_r1.types import Action, Completion, Message, SamplingParams, Step, StopReason
 
 __all__ = [
@@ -99,7 +105,6 @@ SESSION_HEADER = "X-Agent-R1-Session"
 """Routes a request on ``http://HOST:PORT/v1/...`` to its session (instead of ``/sessions/<id>/v1``)."""
 
 DIALECTS: tuple[Dialect, ...] = (CHAT, RESPONSES, MESSAGES)
-TOOL_PROMPTS = ("template", "compact", "none")
 
 
 @dataclass(frozen=True)
@@ -442,16 +447,8 @@ class Gateway:
         self, messages: tuple[Message, ...], tools: tuple[dict, ...] | None
     ) -> tuple[tuple[Message, ...], tuple[dict, ...] | None]:
         """The messages and tools to render, as ``tool_prompt`` says (the same for every call of a
-        conversation, so extensions stay exact)."""
-        if tools is None or self.tool_prompt == "template":
-            return messages, tools
-        if self.tool_prompt == "none":
-            return messages, None
-        text = compact_tools_text(tools, self.format)
-        if messages and messages[0]["role"] == "system":
-            system = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
-            return (system, *messages[1:]), None
-        return ({"role": "system", "content": text}, *messages), None
+        conversation, so extensions stay exact; ``agent_r1.tools.formats.with_tool_prompt``)."""
+        return with_tool_prompt(messages, tools, self.tool_prompt, self.format)
 
     def open_session(self, sampler: Sampler | None = None) -> GatewaySession:
         sampler = sampler or self.sampler

@@ -102,6 +102,16 @@ def test_two_invalid_moves_in_a_row_lose_the_game():
     assert [r.metrics["invalid_actions"] for r in results] == [1.0, 1.0]
     assert results[-1].terminated and results[-1].outcome_reward == -1.0
     assert results[-1].metrics["loss"] == 1.0 and results[-1].info["success"] is False
+    # The viewer says why, in the game's words (it read "failed" before).
+    from doubles import ScriptedEngine
+
+    from agent_r1.flows import AgentEnvLoop
+    from agent_r1.types import SamplingParams
+
+    flow = AgentEnvLoop(lambda: TextArenaEnv(TOKENIZER), TOKENIZER, SamplingParams(max_tokens=8))
+    lost = asyncio.run(flow.run(ScriptedEngine(TOKENIZER, ["no move", "[99]"]), {"id": "t", "seed": 0}))
+    reason = lost.steps[-1].info["reason"]
+    assert reason and trajectory_view(lost, 0, 0)["reason"] == f"failed: {reason}"
 
 
 def test_a_scripted_entry_point_opponent_plays_its_moves():

@@ -14,10 +14,11 @@ from doubles import ScriptedEngine
 from agent_r1.envs import make_env
 from agent_r1.envs.agent_program import AgentProgramEnv, AgentResult
 from agent_r1.flows.base import AgentEnvLoop
+from agent_r1.train.batch import build_batch, keep_groups
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.summary import env_metrics
 from agent_r1.train.trainer import Trainer
-from agent_r1.types import SamplingParams, Trajectory, TrajectoryStatus
+from agent_r1.types import SamplingParams, Trajectory, TrajectoryGroup, TrajectoryStatus
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TASK = {"id": "t", "prompt": "What is 3 * (4 + 5)?", "answer": "27"}
@@ -98,7 +99,10 @@ def test_agent_failures_become_error_trajectories_with_the_reason(tiny_tokenizer
     assert (
         "KeyError" in raised.error and "the agent's own bug" in raised.error and "in raises" in raised.error
     )
-    assert len(raised.steps) == 0  # the failing step is not trained on
+    # The call the agent made before it raised stays in the dump (what the model was asked and said)...
+    (called,) = raised.steps
+    assert called.info == {"env_error": True} and called.response_text == "ok<|im_end|>"
+    assert tiny_tokenizer.decode(list(called.prompt_ids)).endswith("hi<|im_end|>\n<|im_start|>assistant\n")
     timed_out = run(tiny_tokenizer, ["ok"], hangs, timeout_s=0.2)
     assert timed_out.status is TrajectoryStatus.ERROR and "timeout_s=0.2" in timed_out.error
     silent = run(tiny_tokenizer, ["ok"], no_call)
@@ -107,6 +111,17 @@ def test_agent_failures_become_error_trajectories_with_the_reason(tiny_tokenizer
     assert text.status is TrajectoryStatus.ERROR and "configure reward_fn" in text.error
     scored = run(tiny_tokenizer, ["ok"], says_text, reward_fn=lambda result, task: float(result == "ok"))
     assert scored.status is TrajectoryStatus.OK and scored.outcome_reward == 1.0
+    # One call is exact (it was absent before: the metric needed two calls to judge).
+    assert scored.steps[-1].info["exact_fraction"] == 1.0
+    assert scored.steps[-1].metrics == {"gateway/exact_fraction": 1.0}
+    # ... and is never trained: the filter keeps the OK trajectory only, and the batch has its step only.
+    group = TrajectoryGroup("g", "t", (raised, scored))
+    (kept,), _ = keep_groups([group], dynamic_filter=False)
+    assert kept.trajectories == (scored,)
+    batch = build_batch([kept], micro_batch_tokens=4096)
+    assert batch.trajectories == (scored,) and len(batch.rows.steps) == len(scored.steps)
+    with pytest.raises(ValueError, match="holds an ERROR trajectory"):
+        build_batch([group], micro_batch_tokens=4096)
 
 
 def test_max_steps_truncates_and_cancels_the_agent(tiny_tokenizer):

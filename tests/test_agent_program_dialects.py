@@ -141,6 +141,26 @@ def test_an_anthropic_tool_loop_runs_in_exact_steps(tiny_tokenizer):
         AgentProgramEnv(tiny_tokenizer, anthropic_agent, sdk="claude")
 
 
+def test_a_missing_client_is_refused_at_the_start_naming_the_agents_extra(monkeypatch):
+    """The base install has neither client; pyproject's ``agents`` extra installs both."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    from agent_r1.envs.base import EnvKwargsError
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^agents = \["openai>=1\.0", "anthropic>=0\.40"\]', pyproject, re.M)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "anthropic" else real(name, *a)
+    )
+    kwargs = {"agent": "test_agent_program_dialects:anthropic_agent", "sdk": "anthropic"}
+    with pytest.raises(EnvKwargsError, match=r"pip install 'agent-r1\[agents\]'") as error:
+        AgentProgramEnv.check_kwargs(kwargs)
+    assert error.value.key == "sdk"
+
+
 def ascii_share(result: AgentResult, task) -> float:
     """A dense reward for a random tiny model: the share of ASCII characters in its final answer."""
     answer = result.answer or ""

@@ -95,7 +95,24 @@ class OutOfSpaceHook(eco.FrozenLakeText):
 
 def test_an_action_outside_the_action_space_is_invalid_too():
     _, _, results = play(["left"], hook=OutOfSpaceHook(), **LAKE)
-    assert results[0].info["invalid_action"] == "7 is not in the action space Discrete(4)"
+    assert (
+        results[0].info["invalid_action"]
+        == "7 is not in the action space Discrete(4): an integer from 0 to 3"
+    )
+
+
+def test_a_text_action_space_is_described_in_a_few_words_not_its_charset():
+    import string
+
+    from gymnasium.spaces import Text
+
+    printable = eco.space_text(Text(20, charset=string.printable))
+    assert printable == (
+        "Text: 1 to 20 characters (lowercase letters, uppercase letters, digits, punctuation, whitespace)"
+    )
+    assert string.ascii_lowercase not in printable  # the charset itself is not pasted into the prompt
+    assert eco.space_text(Text(4, charset="abc-")) == "Text: 1 to 4 characters (the characters '-abc')"
+    assert eco.space_text(Text(3, charset="αβγδεζηθικλμ")) == "Text: 1 to 3 characters (12 characters)"
 
 
 def test_max_turns_truncates_with_success_false():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import sys
 import time
 
 import pytest
@@ -101,6 +102,16 @@ def test_two_invalid_moves_in_a_row_lose_the_game():
     assert [r.metrics["invalid_actions"] for r in results] == [1.0, 1.0]
     assert results[-1].terminated and results[-1].outcome_reward == -1.0
     assert results[-1].metrics["loss"] == 1.0 and results[-1].info["success"] is False
+    # The viewer says why, in the game's words (it read "failed" before).
+    from doubles import ScriptedEngine
+
+    from agent_r1.flows import AgentEnvLoop
+    from agent_r1.types import SamplingParams
+
+    flow = AgentEnvLoop(lambda: TextArenaEnv(TOKENIZER), TOKENIZER, SamplingParams(max_tokens=8))
+    lost = asyncio.run(flow.run(ScriptedEngine(TOKENIZER, ["no move", "[99]"]), {"id": "t", "seed": 0}))
+    reason = lost.steps[-1].info["reason"]
+    assert reason and trajectory_view(lost, 0, 0)["reason"] == f"failed: {reason}"
 
 
 def test_a_scripted_entry_point_opponent_plays_its_moves():
@@ -219,6 +230,37 @@ def test_guess_the_number_out_of_turns_scores_the_games_closeness_and_is_not_a_w
 def test_the_adapters_own_turn_limit_truncates_with_outcome_zero():
     _, results, _ = play({"id": "g", "seed": 3}, ["[1]", "[2]", "[3]"], game="GuessTheNumber-v0", max_turns=2)
     assert len(results) == 2 and results[-1].truncated and results[-1].outcome_reward == 0.0
+
+
+@pytest.mark.parametrize("game", ["TicTacToe-v0", "ConnectFour-v0"])
+def test_a_game_the_opponent_ends_before_the_seats_first_move_has_no_step(game, monkeypatch):
+    """Two invalid opponent moves end the game before seat 1 moves: the seat is never prompted (no
+    placeholder prompt, no invented step), and the game's outcome and reason stay on the trajectory."""
+    from doubles import ScriptedEngine
+
+    from agent_r1.flows import AgentEnvLoop
+    from agent_r1.types import SamplingParams, StepResult
+
+    module = type(sys)("bad_opponent")
+    module.move = lambda text: "no move"
+    monkeypatch.setitem(sys.modules, "bad_opponent", module)
+    kwargs = {"game": game, "opponent": "bad_opponent:move"}
+    ended = asyncio.run(TextArenaEnv(TOKENIZER, **kwargs).reset({"id": "t", "seed": 0, "seat": 1}))
+    assert isinstance(ended, StepResult) and ended.terminated and ended.outcome_reward == 1.0
+    assert ended.info["before_first_move"] is True and ended.info["success"] is True
+    assert "format" in ended.info["reason"]  # the game's own words for the opponent's invalid move
+
+    engine = ScriptedEngine(TOKENIZER, ["[4]"])
+    flow = AgentEnvLoop(lambda: TextArenaEnv(TOKENIZER, **kwargs), TOKENIZER, SamplingParams(max_tokens=8))
+    trajectory = asyncio.run(flow.run(engine, {"id": "t", "seed": 0, "seat": 1}))
+    assert trajectory.steps == () and engine.calls == []  # never prompted: nothing to train
+    assert trajectory.outcome_reward == 1.0 and trajectory.info["success"] is True
+    assert trajectory.info["ended_at_reset"]["reason"] == ended.info["reason"]
+    view = trajectory_view(trajectory, 0, 0)
+    assert view["reason"] == f"ended before the first action: {ended.info['reason']}"
+    check_env(
+        lambda: TextArenaEnv(TOKENIZER, **kwargs), {"id": "t", "seed": 0, "seat": 1}, tokenizer=TOKENIZER
+    )
 
 
 def test_a_seed_fixes_the_game_and_the_opponent_and_leaves_the_callers_random_alone():
@@ -493,22 +535,28 @@ def _dumped(dumps) -> list[Trajectory]:
 
 def test_trains_a_two_player_game_in_self_play_one_trajectory_per_seat(tiny_checkpoint, tmp_path):
     """Both seats of one game, the other seat played by the policy itself (lent by AgentEnvLoop).
-    The untrained model loses seat 0 by two invalid moves; seat 1 then wins before it moves."""
-    tasks = make_tasks("TicTacToe-v0", [0], seats=[0, 1])
+    The untrained model loses seat 0 by two invalid moves; seat 1 then wins before it moves, so its
+    trajectories have no step (nothing to train) and keep the game's outcome. A GuessTheNumber row
+    (a task row may name its game) gives the batch a second outcome, so the update is not zero."""
+    tasks = [*make_tasks("TicTacToe-v0", [0], seats=[0, 1]), *make_tasks("GuessTheNumber-v0", [0])]
     metrics, changed, trajectories = _train(
         tiny_checkpoint, tmp_path, "TicTacToe-v0", tasks, opponent="self", max_turns=3
     )
     assert changed
     for name in ("env/invalid_actions", "env/win", "env/draw", "env/loss"):
         assert name in metrics and 0.0 <= metrics[name] <= 1.0
-    assert len(trajectories) == 4  # 2 seats x n=2
+    assert len(trajectories) == 6  # (2 seats + 1 game) x n=2
     by_seat = {0: [], 1: []}
     for t in trajectories:
-        episode = t.steps[0].info["episode"]
+        if t.task_id.startswith("GuessTheNumber"):
+            continue
+        episode = (t.steps[0].info if t.steps else t.info["ended_at_reset"])["episode"]
         assert episode["opponent"] == "self" and t.task_id == f"TicTacToe-v0/s0/p{episode['seat']}"
-        assert all("invalid_actions" in s.metrics for s in t.steps) and "win" in t.steps[-1].metrics
-        by_seat[episode["seat"]].append(t.outcome_reward)
-    assert by_seat == {0: [-1.0, -1.0], 1: [1.0, 1.0]}
+        assert all("invalid_actions" in s.metrics for s in t.steps)
+        by_seat[episode["seat"]].append((len(t.steps), t.outcome_reward))
+    assert by_seat == {0: [(2, -1.0), (2, -1.0)], 1: [(0, 1.0), (0, 1.0)]}
+    seat_1 = next(t for t in trajectories if t.task_id.endswith("/p1"))
+    assert seat_1.info["success"] is True and seat_1.info["ended_at_reset"]["before_first_move"] is True
 
 
 def test_trains_a_single_player_game(tmp_path):

@@ -218,7 +218,10 @@ def test_an_env_error_marks_only_that_trajectory(tiny_tokenizer):
         assert "ConnectionError: sandbox did not start" in t.error and "in reset" in t.error
         assert t.error.count('File "') <= 4  # a short traceback
     for t in bad_step.trajectories:
-        assert t.status is TrajectoryStatus.ERROR and len(t.steps) == 1  # the completed step is kept
+        # The completed step is kept, and so is the sampled action whose env.step raised (marked;
+        # an ERROR trajectory is never trained, but the dump shows every call the model made).
+        assert t.status is TrajectoryStatus.ERROR and len(t.steps) == 2
+        assert "env_error" not in t.steps[0].info and t.steps[1].info == {"env_error": True}
         assert "ZeroDivisionError: scorer divided by zero" in t.error
 
 

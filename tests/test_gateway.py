@@ -138,6 +138,7 @@ def test_rewritten_history_starts_a_fresh_prompt_and_says_why(tiny_tokenizer):
     assert "message 1 differs" in steps[2].info["gateway"]["fresh_reason"]
     assert "rewritten" in steps[2].info["gateway"]["fresh_reason"]
     assert exact_fraction(steps) == 0.5
+    assert exact_fraction(steps[:1]) == 1.0 and exact_fraction([]) is None  # one call is exact
 
 
 def test_streaming_sends_tool_call_deltas_the_openai_client_reassembles(tiny_tokenizer):

@@ -544,10 +544,52 @@ def test_the_outcome_reason_reads_what_the_env_and_the_flow_recorded():
             ),
             "turn limit reached without an answer (max_steps=1)",
         ),
-        # A response cut at max_tokens.
+        # A response cut at max_tokens that ended the episode (the env answered it, no limit cut it).
+        (
+            Trajectory("t", (_ending({"expected": "7"}, stop=StopReason.LENGTH),)),
+            "token cutoff: step 1's response hit max_tokens, expected 7",
+        ),
+        # The env's max_turns cut an episode whose last response also hit max_tokens: the turn limit
+        # ended it, the cutoff is noted (it used to read "token cutoff").
+        (
+            Trajectory(
+                "t",
+                (
+                    calls,
+                    _ending(
+                        {"truncated": "max_turns=2"}, stop=StopReason.LENGTH, terminated=False, truncated=True
+                    ),
+                ),
+            ),
+            "turn limit reached without an answer (max_turns=2) · step 2's response hit max_tokens"
+            " · 2 parse errors",
+        ),
+        # The env truncated the episode with no reason recorded: its own step limit (Gymnasium's
+        # TimeLimit), not a token cutoff.
         (
             Trajectory("t", (_ending({}, stop=StopReason.LENGTH, terminated=False, truncated=True),)),
-            "token cutoff: step 1's response hit max_tokens",
+            "truncated by the environment · step 1's response hit max_tokens",
+        ),
+        (
+            Trajectory("t", (_ending({}, terminated=False, truncated=True),)),
+            "truncated by the environment",
+        ),
+        # A game's own reason for its end (TextArena), not a bare "failed".
+        (
+            Trajectory(
+                "t", (_ending({"success": False, "reason": "Player 1 has won!"}),), info={"success": False}
+            ),
+            "failed: Player 1 has won!",
+        ),
+        (
+            Trajectory(
+                "t", (_ending({"success": True, "reason": "Player 0 has won!"}),), info={"success": True}
+            ),
+            "solved: Player 0 has won!",
+        ),
+        (
+            Trajectory("t", (), info={"ended_at_reset": {"reason": "Player 0 made an invalid move."}}),
+            "ended before the first action: Player 0 made an invalid move.",
         ),
         # An answer naming a value (the arithmetic task's "ans") shows the value.
         (

@@ -234,11 +234,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_agent_r1_serve_command(tiny_checkpoint):
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "convert",
+        "description": "Convert a length between units.",
+        "parameters": {
+            "type": "object",
+            "properties": {"value": {"type": "number", "description": "how much"}},
+            "required": ["value"],
+        },
+    },
+}
+
+
+def test_agent_r1_serve_command(tiny_checkpoint, tiny_tokenizer):
+    """The command serves the model; --tool-prompt compact shows a request's tools as the agent
+    gateway's tool_prompt does (one line in the system message, no template block of schemas)."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = ["serve", str(tiny_checkpoint), "--port", str(port), "--tool-prompt", "compact"]
     server = subprocess.Popen(
-        [sys.executable, "-m", "agent_r1.cli", "serve", str(tiny_checkpoint), "--port", str(port)],
+        [sys.executable, "-m", "agent_r1.cli", *command],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -258,13 +275,47 @@ def test_agent_r1_serve_command(tiny_checkpoint):
                     except aiohttp.ClientConnectionError:
                         assert time.monotonic() < deadline, "agent-r1 serve did not come up"
                         await asyncio.sleep(0.2)
+                chat = await (
+                    await http.post(
+                        f"http://127.0.0.1:{port}/v1/chat/completions",
+                        json={
+                            "messages": [{"role": "user", "content": "3 feet?"}],
+                            "tools": [TOOL],
+                            "max_tokens": 1,
+                            "return_token_ids": True,
+                        },
+                    )
+                ).json()
             client = OpenAIEngine(f"http://127.0.0.1:{port}/v1", tiny_checkpoint.name)
             result = await client.generate([5, 6, 7, 8], SamplingParams(max_tokens=6, seed=0))
             await client.aclose()
-            return result
+            return result, chat
 
-        result = asyncio.run(main())
+        result, chat = asyncio.run(main())
         assert result.error is None and 1 <= len(result.token_ids) <= 6
+        prompt = tiny_tokenizer.decode(chat["prompt_token_ids"])
+        assert "# Tools\nconvert(value: number) - Convert a length between units." in prompt
+        assert '"description": "how much"' not in prompt  # the template's JSON schema block is not there
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_serve_help_says_where_the_tool_options_apply():
+    """``serve --help`` and docs/rollout.md agree: both tool options apply to chat completions with
+    tools, Responses and Messages."""
+    import argparse
+    from pathlib import Path
+
+    from agent_r1.commands import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    help_text = " ".join(parser.format_help().split())
+    assert (
+        "/v1/chat/completions answers to requests with tools and in /v1/responses and /v1/messages"
+        in help_text
+    )
+    assert "--tool-prompt {template,compact,none}" in help_text
+    docs = " ".join((Path(__file__).parents[1] / "docs" / "rollout.md").read_text().split())
+    assert "the answers are parsed with it in **all three chat APIs**" in docs

@@ -2,8 +2,10 @@
 
 ``/v1/completions`` (token-id or text prompts; token ids and log-probs back), ``/v1/chat/completions``
 (the tokenizer's chat template), ``/v1/responses`` (OpenAI Responses) and ``/v1/messages`` (Anthropic
-Messages; tool calls parsed with ``--tool-format``), ``/v1/models`` and ``/health``; see
-``agent_r1.rollout.server``.
+Messages), ``/v1/models`` and ``/health``; see ``agent_r1.rollout.server``. Tool calls are parsed with
+``--tool-format`` in all three chat APIs (chat completions when the request has ``tools``), and
+``--tool-prompt`` says how a request's tools reach the prompt (as the agent gateway's ``tool_prompt``:
+a model warm-started under ``compact`` is served the prompts it learned on).
 The HF engine runs anywhere; ``--engine vllm`` needs the ``vllm`` package (``.venv-vllm``).
 
 ``--api-key KEY`` (or ``AGENT_R1_API_KEY``) makes every request but ``/health`` need
@@ -41,8 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tool-format",
         default="hermes",
-        help="how the model writes tool calls, parsed in /v1/responses and /v1/messages answers "
-        "(hermes, llama3_json; default: %(default)s)",
+        help="how the model writes tool calls, parsed in /v1/chat/completions answers to requests with "
+        "tools and in /v1/responses and /v1/messages answers (hermes, llama3_json; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tool-prompt",
+        choices=("template", "compact", "none"),
+        default="template",
+        help="how a request's tools reach the prompt, as the agent gateway's tool_prompt: template (the "
+        "chat template's JSON schemas), compact (one line per tool in the system message), none "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--engine", choices=("hf", "vllm"), default="hf", help="rollout engine (default: %(default)s)"
@@ -102,19 +112,29 @@ def run(args: argparse.Namespace) -> int:
         check_exposure(args.host, api_key=api_key, allow_unauthenticated=args.allow_unauthenticated)
     except ValueError as e:
         raise SystemExit(f"agent-r1 serve: {e}") from None
-    from agent_r1.tools.formats import get_format
+    from agent_r1.tools.formats import compact_tools_text, get_format
 
     try:
-        get_format(args.tool_format)
+        fmt = get_format(args.tool_format)
     except (KeyError, ValueError) as e:
         raise SystemExit(f"agent-r1 serve: --tool-format: {e}") from None
+    if args.tool_prompt == "compact":
+        try:
+            compact_tools_text([], fmt)
+        except ValueError as e:
+            raise SystemExit(f"agent-r1 serve: --tool-prompt compact: {e}") from None
     if not Path(args.model).is_dir():
         raise SystemExit(f"agent-r1 serve: {args.model!r} is not a model folder")
     tokenizer = load_tokenizer(args.model, require_template=False)
     engine = build_engine(args, tokenizer)
     name = args.served_model_name or Path(args.model).resolve().name
     app = build_app(
-        engine, model_name=name, tokenizer=tokenizer, api_key=api_key, tool_format=args.tool_format
+        engine,
+        model_name=name,
+        tokenizer=tokenizer,
+        api_key=api_key,
+        tool_format=args.tool_format,
+        tool_prompt=args.tool_prompt,
     )
     auth = "API key required" if api_key else "no API key"
     print(f"agent-r1 serve: {name} ({args.engine}) on http://{args.host}:{args.port}/v1, {auth}", flush=True)

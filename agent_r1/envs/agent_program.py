@@ -30,7 +30,7 @@ served one at a time, in arrival order.
 ``fresh_reason``; ``tool_calls``, ``tool_parse_errors``, ``near_miss``, ``tool_choice_unmet``,
 ``client_disconnected``); the last step also has ``exact_fraction`` (``gateway.exact_fraction``), and
 reports it as the metric ``gateway/exact_fraction`` (``StepResult.metrics``: the trainer's mean over the
-trajectories whose agent returned after two calls or more).
+trajectories whose agent returned; a single call counts as exact, 1.0).
 An agent that raises or outlives ``timeout_s`` ends the episode with the trajectory's status ERROR and
 the agent's traceback.
 """
@@ -38,6 +38,7 @@ the agent's traceback.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import time
 import traceback
@@ -186,8 +187,11 @@ class AgentProgramEnv(AgentEnv):
             raise EnvKwargsError(
                 "tool_prompt", f"must be one of {TOOL_PROMPTS}, got {kwargs['tool_prompt']!r}"
             )
-        if kwargs.get("sdk", "openai") not in ("openai", "anthropic"):
+        sdk = kwargs.get("sdk", "openai")
+        if sdk not in ("openai", "anthropic"):
             raise EnvKwargsError("sdk", f"must be 'openai' or 'anthropic', got {kwargs['sdk']!r}")
+        if importlib.util.find_spec(sdk) is None:  # the base install has neither client
+            raise EnvKwargsError("sdk", f"{sdk!r} needs the {sdk} package: pip install 'agent-r1[agents]'")
         if "format" in kwargs:
             try:
                 get_format(kwargs["format"])

@@ -45,7 +45,12 @@ class AgentEnv(ABC):
 
     Subclasses implement:
 
-    - ``async reset(task) -> Observation``: start an episode for one dataset row.
+    - ``async reset(task) -> Observation | StepResult``: start an episode for one dataset row. An
+      episode that is over before the model's first action (a game the other seats end before this
+      seat moves) returns a ``StepResult`` that has ended instead (``terminated`` or ``truncated``,
+      no observation, its ``outcome_reward`` and ``info``): the flow records a trajectory with no
+      steps, so nothing is invented to train, and keeps the outcome and info on the trajectory
+      (``Trajectory.info["ended_at_reset"]``). Never prompt the model for a placeholder move.
     - ``async step(action) -> StepResult``: apply the model's response; return the next observation,
       the immediate reward, ``terminated`` / ``truncated`` and info. Report a final outcome reward in
       ``StepResult.outcome_reward`` (once), never also inside ``reward``.
@@ -79,7 +84,7 @@ class AgentEnv(ABC):
         self.policy = policy
 
     @abstractmethod
-    async def reset(self, task: Task) -> Observation: ...
+    async def reset(self, task: Task) -> Observation | StepResult: ...
 
     @abstractmethod
     async def step(self, action: Action) -> StepResult: ...

@@ -51,7 +51,7 @@ def check_env(
     The actions come from ``actions`` (strings are encoded with ``tokenizer`` when one is given), or
     from ``engine`` (needs ``tokenizer``; observations are rendered as ``AgentEnvLoop`` does), or
     default to a plain "I do not know." answer repeated. Checked: ``reset``/``step``/``close`` are
-    coroutines; ``reset`` returns an ``Observation`` whose messages have string roles and contents
+    coroutines; ``reset`` returns an ``Observation`` (or an ended ``StepResult``) whose messages have string roles and contents
     and whose token ids fit the tokenizer; ``step`` returns a ``StepResult`` with a finite float
     reward, bool flags, a JSON-serialisable ``info`` dict (trajectories are written as JSONL), an
     ``outcome_reward`` reported at most once, ``policy_steps`` that are Steps, and a valid next
@@ -95,9 +95,15 @@ async def _check(
         observation = await env.reset(task)
     except Exception as e:
         raise EnvCheckError(name, [f"reset(task) raised {_describe(e)}"]) from e
-    problems += _observation_problems("reset(task)", observation, tokenizer)
-
     outcome_reported_at: int | None = None
+    if isinstance(observation, StepResult):  # the episode was over before any action (AgentEnv.reset)
+        problems += _result_problems("reset(task)", observation)
+        if not (observation.terminated or observation.truncated):
+            problems.append("reset(task) returned a StepResult that has not ended; return an Observation")
+        max_steps = 0
+    else:
+        problems += _observation_problems("reset(task)", observation, tokenizer)
+
     for t in range(max_steps):
         if problems:
             break

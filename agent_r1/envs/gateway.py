@@ -81,7 +81,13 @@ from agent_r1.rollout.openai_api import (
     key_matches,
     sampling_params,
 )
-from agent_r1.tools.formats import ToolCallFormat, compact_tools_text, get_format
+from agent_r1.tools.formats import (
+    TOOL_PROMPTS,
+    ToolCallFormat,
+    compact_tools_text,
+    get_format,
+    with_tool_prompt,
+)
 from agent_r1.types import Action, Completion, Message, SamplingParams, Step, StopReason
 
 __all__ = [
@@ -99,7 +105,6 @@ SESSION_HEADER = "X-Agent-R1-Session"
 """Routes a request on ``http://HOST:PORT/v1/...`` to its session (instead of ``/sessions/<id>/v1``)."""
 
 DIALECTS: tuple[Dialect, ...] = (CHAT, RESPONSES, MESSAGES)
-TOOL_PROMPTS = ("template", "compact", "none")
 
 
 @dataclass(frozen=True)
@@ -162,13 +167,14 @@ def engine_sampler(engine: Any) -> Sampler:
 
 
 def exact_fraction(calls: Sequence[CallRecord | Step]) -> float | None:
-    """The share of calls after the first whose prompt extended an earlier call exactly (None for
-    fewer than two calls): 1.0 means every step's prompt is the previous prompt + sampled ids +
-    template delta, so the trajectory packs into merged training sequences."""
-    infos = [c.info.get("gateway", c.info) for c in calls][1:]
-    if not infos:
-        return None
-    return sum(i.get("prompt") == "extends" for i in infos) / len(infos)
+    """The share of calls after the first whose prompt extended an earlier call exactly: 1.0 means
+    every step's prompt is the previous prompt + sampled ids + template delta, so the trajectory
+    packs into merged training sequences. One call is exact (1.0: nothing it could fail to extend,
+    one sequence); None only for no call at all."""
+    infos = [c.info.get("gateway", c.info) for c in calls]
+    if len(infos) <= 1:
+        return 1.0 if infos else None
+    return sum(i.get("prompt") == "extends" for i in infos[1:]) / (len(infos) - 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -441,16 +447,8 @@ class Gateway:
         self, messages: tuple[Message, ...], tools: tuple[dict, ...] | None
     ) -> tuple[tuple[Message, ...], tuple[dict, ...] | None]:
         """The messages and tools to render, as ``tool_prompt`` says (the same for every call of a
-        conversation, so extensions stay exact)."""
-        if tools is None or self.tool_prompt == "template":
-            return messages, tools
-        if self.tool_prompt == "none":
-            return messages, None
-        text = compact_tools_text(tools, self.format)
-        if messages and messages[0]["role"] == "system":
-            system = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
-            return (system, *messages[1:]), None
-        return ({"role": "system", "content": text}, *messages), None
+        conversation, so extensions stay exact; ``agent_r1.tools.formats.with_tool_prompt``)."""
+        return with_tool_prompt(messages, tools, self.tool_prompt, self.format)
 
     def open_session(self, sampler: Sampler | None = None) -> GatewaySession:
         sampler = sampler or self.sampler

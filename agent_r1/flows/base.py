@@ -35,6 +35,7 @@ from agent_r1.types import (
     Observation,
     SamplingParams,
     Step,
+    StepResult,
     StopReason,
     Task,
     Trajectory,
@@ -210,9 +211,15 @@ class AgentEnvLoop(AgentFlow):
     - The env is lent the engine (``AgentEnv.lend_policy``) for policy calls of its own, sampled with
       the same params; the Steps it returns in ``StepResult.policy_steps`` (a summary) follow the
       step that caused them. They do not count towards ``max_steps``.
+    - A ``reset`` that returns an ended ``StepResult`` (the episode was over before the first action,
+      ``AgentEnv.reset``) gives a trajectory with no steps (the trainer drops it: nothing to train):
+      its ``outcome_reward`` is the result's rewards, ``info["ended_at_reset"]`` the result's info,
+      and ``info["success"]`` copied when the result has one.
     - An exception in the env (reset/step/close) or the engine ends the trajectory with status ERROR,
-      ``error`` = a short traceback, and the completed steps kept. ``PromptTooLongError`` is raised,
-      not caught, in "raise" mode.
+      ``error`` = a short traceback, and the completed steps kept, the sampled action whose
+      ``env.step`` raised included (its ``info["env_error"]`` True): an ERROR trajectory is never
+      trained (``keep_groups``), but its dump shows every call the model made. ``PromptTooLongError``
+      is raised, not caught, in "raise" mode.
     """
 
     def __init__(
@@ -246,6 +253,11 @@ class AgentEnvLoop(AgentFlow):
             env = self.env_factory()
             env.lend_policy(LentPolicy(self._lent_generate(engine)))
             observation = await env.reset(task)
+            if isinstance(observation, StepResult):
+                outcome_reward, info = _ended_at_reset(observation)
+                finished, env = env, None
+                await finished.close()
+                return Trajectory(task_id(task), (), outcome_reward=outcome_reward, info=info)
             for _ in range(self.max_steps):
                 prompt_ids = observation_ids(observation, self.tokenizer)
                 overflow = self.limits.overflow(len(prompt_ids))
@@ -263,21 +275,29 @@ class AgentEnvLoop(AgentFlow):
                     break
                 text = decode_response(self.tokenizer, completion)
                 action = Action(text, completion.token_ids, completion.finish_reason)
+                sampled = Step(
+                    prompt_ids=prompt_ids,
+                    response_ids=completion.token_ids,
+                    logprobs=completion.logprobs,
+                    stop_reason=completion.finish_reason,
+                    response_text=text,
+                    state_key=observation.state_key,
+                    policy_version=completion.policy_version or 0,
+                    timings={"generate": generate_s},
+                )
                 start = time.perf_counter()
-                result = await env.step(action)
+                try:
+                    result = await env.step(action)
+                except Exception:
+                    steps.append(replace(sampled, info={"env_error": True}))  # shown, never trained
+                    raise
                 env_step_s = time.perf_counter() - start
                 steps.append(
-                    Step(
-                        prompt_ids=prompt_ids,
-                        response_ids=completion.token_ids,
-                        logprobs=completion.logprobs,
+                    replace(
+                        sampled,
                         reward=float(result.reward),
                         terminated=result.terminated,
                         truncated=result.truncated,
-                        stop_reason=completion.finish_reason,
-                        response_text=text,
-                        state_key=observation.state_key,
-                        policy_version=completion.policy_version or 0,
                         info=dict(result.info),
                         timings={"generate": generate_s, "env_step": env_step_s},
                         metrics=result.metrics,
@@ -320,6 +340,21 @@ class AgentEnvLoop(AgentFlow):
             return await _generate(engine, ids, self.limits.params_for(len(ids)))
 
         return generate
+
+
+def _ended_at_reset(result: StepResult) -> tuple[float, dict[str, Any]]:
+    """The outcome reward and trajectory info of an episode that ended at ``reset``."""
+    if not (result.terminated or result.truncated):
+        raise ValueError(
+            "AgentEnv.reset returned a StepResult that has not ended; return an Observation to start "
+            "the episode, or a StepResult with terminated/truncated when it is over before any action"
+        )
+    if result.policy_steps:
+        raise ValueError("AgentEnv.reset returned a StepResult with policy_steps; reset has no action")
+    info: dict[str, Any] = {"ended_at_reset": dict(result.info)}
+    if "success" in result.info:
+        info["success"] = bool(result.info["success"])
+    return float(result.reward) + float(result.outcome_reward or 0.0), info
 
 
 async def _close_quietly(env: AgentEnv | None) -> None:

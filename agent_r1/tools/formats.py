@@ -41,9 +41,11 @@ __all__ = [
     "Llama3JsonFormat",
     "ParsedResponse",
     "ReActFormat",
+    "TOOL_PROMPTS",
     "ToolCallFormat",
     "compact_tools_text",
     "get_format",
+    "with_tool_prompt",
     "register_format",
 ]
 
@@ -315,6 +317,38 @@ def compact_tools_text(tool_schemas: Sequence[dict], fmt: ToolCallFormat) -> str
         lines.append(f"{fn['name']}({arguments})" + (f" - {description}" if description else ""))
     lines.append(hint)
     return "\n".join(lines)
+
+
+TOOL_PROMPTS = ("template", "compact", "none")
+"""How a request's ``tools`` reach the prompt (``with_tool_prompt``): the chat template's own block,
+one line per tool in the system message, or nothing."""
+
+
+def with_tool_prompt(
+    messages: Sequence[dict], tools: Sequence[dict] | None, tool_prompt: str, fmt: ToolCallFormat
+) -> tuple[tuple[dict, ...], tuple[dict, ...] | None]:
+    """The messages and tools to render under ``tool_prompt``: ``"template"`` leaves both as they are
+    (the chat template writes its block of JSON schemas), ``"none"`` drops the tools (the caller's own
+    prompt describes them), ``"compact"`` appends ``compact_tools_text`` to the first system message
+    (a new one when there is none) and drops the tools. The same for every call of a conversation,
+    so a prompt that extends the previous one still does. Shared by the agent gateway and
+    ``agent-r1 serve``."""
+    if tool_prompt not in TOOL_PROMPTS:
+        raise ValueError(f"tool_prompt must be one of {TOOL_PROMPTS}, got {tool_prompt!r}")
+    messages = tuple(messages)
+    if tools is None or tool_prompt == "template":
+        return messages, None if tools is None else tuple(tools)
+    if tool_prompt == "none":
+        return messages, None
+    text = compact_tools_text(tools, fmt)
+    if messages and messages[0].get("role") == "system":
+        content = messages[0].get("content")
+        if isinstance(content, list):  # content parts (the OpenAI API allows them)
+            content = [*content, {"type": "text", "text": f"\n\n{text}"}]
+        else:
+            content = f"{content or ''}\n\n{text}"
+        return ({**messages[0], "content": content}, *messages[1:]), None
+    return ({"role": "system", "content": text}, *messages), None
 
 
 def _shorten(text: str) -> str:

@@ -122,10 +122,13 @@ def _check_env_resets(config: TrainConfig, tokenizer, tasks: dict[str, list[dict
 
 async def _reset_once(env, row: dict[str, Any], tokenizer, where: str, config: TrainConfig) -> int:
     from agent_r1.models.tokens import observation_ids
+    from agent_r1.types import StepResult
 
     ident = f" (id {row['id']!r})" if "id" in row else ""
     try:
         observation = await env.reset(row)
+        if isinstance(observation, StepResult):  # the episode ended before the first action
+            return 0
         return len(observation_ids(observation, tokenizer))
     except Exception as error:
         raise DataError(

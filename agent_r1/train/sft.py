@@ -28,7 +28,7 @@ from agent_r1.envs.base import AgentEnv
 from agent_r1.models.tokens import observation_ids
 from agent_r1.train.batch import batch_of
 from agent_r1.train.batching import TrainSequence
-from agent_r1.types import Action, Step, Task, Trajectory
+from agent_r1.types import Action, Step, StepResult, Task, Trajectory
 
 __all__ = ["SFTConfig", "replay_demonstration", "replay_demonstrations", "sft_sequences", "train_sft"]
 
@@ -70,6 +70,12 @@ async def replay_demonstration(
     outcome, info = 0.0, {}
     try:
         observation = await env.reset(task)
+        if isinstance(observation, StepResult):  # over before any action: nothing to demonstrate
+            if responses:
+                raise ValueError(f"{where}: the environment ended at reset, before response 1")
+            return Trajectory(
+                str(task.get("id", "")), (), outcome_reward=float(observation.outcome_reward or 0.0)
+            )
         for i, text in enumerate(responses):
             prompt_ids = observation_ids(observation, tokenizer)
             response_ids = [*tokenizer.encode(text, add_special_tokens=False), eos]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import string
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -374,7 +375,10 @@ class GymnasiumEnv(AgentEnv):
         except ValueError as error:  # InvalidAction included
             return None, str(error)
         if not self.env.action_space.contains(parsed):
-            return None, f"{parsed!r} is not in the action space {self.env.action_space}"
+            return (
+                None,
+                f"{_short(repr(parsed))} is not in the action space {space_text(self.env.action_space)}",
+            )
         return parsed, None
 
     async def step(self, action: Action) -> StepResult:
@@ -442,3 +446,37 @@ def _check_render_mode(make_kwargs: Mapping[str, Any], where: str) -> None:
             f"{where}: render_mode {mode!r} is not supported (it draws pictures or opens a window); "
             "observations are written by the text hook. Leave it unset, or 'ansi'."
         )
+
+
+_CHARACTER_CLASSES = (
+    ("lowercase letters", string.ascii_lowercase),
+    ("uppercase letters", string.ascii_uppercase),
+    ("digits", string.digits),
+    ("punctuation", string.punctuation),
+    ("whitespace", string.whitespace),
+)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def space_text(space: Any) -> str:
+    """A Gymnasium space in a few words, for the invalid-action message the model reads: a ``Text``
+    space's own repr pastes its whole character set (``string.printable``: 100 characters)."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        low = int(space.start)
+        return f"Discrete({space.n}): an integer from {low} to {low + int(space.n) - 1}"
+    if isinstance(space, spaces.Text):
+        chars = set(space.character_set)
+        named = [name for name, members in _CHARACTER_CLASSES if set(members) <= chars]
+        rest = chars - {c for name, members in _CHARACTER_CLASSES if name in named for c in members}
+        if len(rest) > 8:
+            listed = [f"{len(rest)} {'other ' if named else ''}characters"]
+        else:
+            listed = [f"the characters {''.join(sorted(rest))!r}"] if rest else []
+        what = ", ".join(named + listed)
+        return f"Text: {space.min_length} to {space.max_length} characters ({what})"
+    return _short(str(space), 80)

@@ -276,8 +276,9 @@ class TextArenaEnv(AgentEnv):
     ``draw``, ``loss`` on the last. ``info["episode"] = {"game", "seat", "num_players", "opponent"}``
     on every step (the trajectory viewer shows it); ``info["success"]`` (= win) on the last.
     When the other seats end the game before this seat's first move (two invalid moves of theirs),
-    the first prompt says so and the first step ends the episode with the seat's reward, whatever
-    the action.
+    ``reset`` returns the ended ``StepResult`` (``AgentEnv.reset``): the seat is never prompted, its
+    trajectory has no step to train, and the game's outcome stays on the trajectory
+    (``info["ended_at_reset"]``: ``before_first_move`` True, the rewards and the game's ``reason``).
     """
 
     task_fields = ("id", "game", "seed", "seat", "num_players")
@@ -343,7 +344,7 @@ class TextArenaEnv(AgentEnv):
 
     # -- episode
 
-    async def reset(self, task: Task) -> Observation:
+    async def reset(self, task: Task) -> Observation | StepResult:
         self.task_name = str(task.get("id", "(no id)"))
         refused = unknown_fields_message(task, self.task_fields, "textarena")
         if refused:
@@ -375,7 +376,6 @@ class TextArenaEnv(AgentEnv):
                 f"{self.num_players} player(s); seats: 0..{self.num_players - 1}"
             )
         self.turns = 0
-        self.ended_before_turn = False
         self._histories: dict[int, list[str]] = {pid: [] for pid in range(self.num_players)}
         self._opponent_chats: dict[int, list[Message]] = {}
         self._messages: tuple[Message, ...] = ()
@@ -389,14 +389,11 @@ class TextArenaEnv(AgentEnv):
         }
         new_text = await self._play_until_seat()
         if new_text is None:  # the others ended the game before this seat moved (e.g. invalid moves)
-            self.ended_before_turn = True
-            new_text = "The game ended before your turn. Reply with anything."
+            return self._end({"episode": self.episode, "turn": 0, "before_first_move": True}, invalid=False)
         return await self._prompt(new_text, previous=None, response=None)
 
     async def step(self, action: Action) -> StepResult:
         info: dict[str, Any] = {"episode": self.episode, "turn": self.turns}
-        if self.ended_before_turn:
-            return self._end(info, invalid=False)
         text = self._action_text(action)
         self.turns += 1
         before = self._error_state()

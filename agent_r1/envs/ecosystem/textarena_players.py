@@ -16,7 +16,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.base import AgentEnv
-from agent_r1.types import Action, Observation, Task
+from agent_r1.types import Action, Observation, StepResult, Task
 
 __all__ = ["GuessTheNumberPlayer", "TicTacToePlayer", "play_scripted", "tictactoe"]
 
@@ -139,6 +139,8 @@ def play_scripted(
         moves: list[str] = []
         try:
             observation = await env.reset(task)
+            if isinstance(observation, StepResult):  # the game ended before the seat's first move
+                return moves, observation
             for _ in range(max_moves):
                 move = player(_shown_text(observation, tokenizer))
                 moves.append(move)

@@ -14,7 +14,7 @@ In one process (``LocalRollout``, ``LocalLearner``, built by ``local_backends``)
 and ``Learner`` objects; on Ray (``agent_r1.distributed``) the same protocols are implemented by
 ``RolloutPool`` (engine actors) and ``LearnerGroup`` (torch.distributed workers).
 
-``make_backends(config, tokenizer, ...)`` is the one place that assembles them: ``BACKENDS`` maps each
+``make_backends(config, tokenizer, parts)`` is the one place that assembles them: ``BACKENDS`` maps each
 ``distributed.backend`` to its builder by entry-point string, imported on first use, so this package
 never imports ``agent_r1.distributed`` (which imports Ray). Both build their parts with the same
 builders (``agent_r1.train.builders``); every Ray learner worker holds the learners ``local_learner``

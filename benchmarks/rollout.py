@@ -14,7 +14,9 @@ the same number of tokens; tokens/s counts sampled tokens.
   engine batches their decode steps and reuses each trajectory's prefix across turns.
 - ``VLLMEngine`` (``agent_r1.rollout.vllm_engine``, vLLM's CPU build, when ``.venv-vllm`` exists):
   the same prompts in a subprocess of that environment (fp32, prefix caching on, at most B running
-  sequences); its engine start-up is reported apart and not counted.
+  sequences), in process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) at the same thread count
+  (``OMP_NUM_THREADS``; its multiprocess mode binds threads itself and keeps a core for its
+  scheduler); its engine start-up is reported apart and not counted.
 - naive (``--naive``): each trajectory, one after another, calls ``model.generate`` alone for each
   turn, with per-token scores as an RL sampler needs the log-probs.
 

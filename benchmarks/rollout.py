@@ -8,7 +8,8 @@ then a long context that differs per trajectory). Each turn samples exactly ``--
 (temperature 1, end of sequence ignored); the "environment" then appends a fixed user turn, and the
 next turn's prompt is prompt + response + user turn (the append context), so an engine that keeps a
 trajectory's KV cache prefills only the user turn. Every engine gets the same prompt ids and samples
-the same number of tokens; tokens/s counts sampled tokens.
+the same number of tokens; tokens/s counts sampled tokens. Each batch size (and each engine's
+warm-up) has trajectories of its own, so that no run finds its prompts in a cache an earlier run left.
 
 - ``HFEngine`` (``agent_r1.rollout.hf``): all B trajectories call ``generate`` concurrently; the
   engine batches their decode steps and reuses each trajectory's prefix across turns.
@@ -253,38 +254,38 @@ def vllm_worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     work = json.loads(Path(args.worker_input).read_text())
-    prompts, user_ids, batches = work["prompts"], work["user_ids"], work["batches"]
-    longest = max(len(p) for p in prompts) + args.turns * (args.new_tokens + len(user_ids))
+    user_ids, warmup = work["user_ids"], work["warmup"]
+    sets = {int(b): prompts for b, prompts in work["sets"].items()}
     start = time.perf_counter()
     engine = VLLMEngine(
         work["model"],
         ignore_eos=True,
         dtype="float32",
-        max_model_len=longest + 16,
-        max_num_seqs=max(batches),
+        max_model_len=work["max_model_len"],
+        max_num_seqs=max(sets),
         kv_cache_memory_bytes=work["kv_cache_bytes"],
     )
     startup = time.perf_counter() - start
-    asyncio.run(engine_rollout(engine, prompts[:2], user_ids, 1, 4))  # warm-up
+    asyncio.run(engine_rollout(engine, warmup, user_ids, 1, 4))
     results = {"startup": startup, "threads": torch.get_num_threads(), "runs": {}}
-    for batch in batches:
+    for batch, prompts in sets.items():
         results["runs"][batch] = timed_rollout(
-            lambda b=batch: asyncio.run(
-                engine_rollout(engine, prompts[:b], user_ids, args.turns, args.new_tokens)
-            )
+            lambda p=prompts: asyncio.run(engine_rollout(engine, p, user_ids, args.turns, args.new_tokens))
         )
     print("VLLM_RESULT " + json.dumps(results), flush=True)
 
 
-def run_vllm(model_dir: Path, prompts, user_ids, shape: Shape, args, workdir: Path) -> dict | str:
-    """The vLLM worker's results, or why there are none."""
-    longest = max(len(p) for p in prompts) + args.turns * (args.new_tokens + len(user_ids))
-    kv_bytes = 2 * shape.layers * shape.kv_dim * shape.bytes_per_param * longest * max(args.batch)
+def run_vllm(
+    model_dir: Path, warmup, sets, user_ids, longest: int, shape: Shape, args, workdir: Path
+) -> dict | str:
+    """The vLLM worker's results, or why there are none (``longest``: a trajectory's last context)."""
+    kv_bytes = 2 * shape.layers * shape.kv_dim * shape.bytes_per_param * longest * max(sets)
     work = {
         "model": str(model_dir),
-        "prompts": prompts,
+        "warmup": warmup,
+        "sets": sets,
         "user_ids": user_ids,
-        "batches": args.batch,
+        "max_model_len": longest + 16,
         "kv_cache_bytes": max(2 * kv_bytes, 64 << 20),  # twice the need: block rounding, no preemption
     }
     work_file = workdir / "vllm_work.json"
@@ -319,7 +320,10 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         model_dir, dtype=torch.float32, attn_implementation="sdpa"
     ).eval()
     shape = Shape.of(model)
-    prompts = first_prompts(tokenizer, max(args.batch), args.prompt_tokens)
+    prompts = first_prompts(tokenizer, 2 + sum(args.batch), args.prompt_tokens)
+    warmup, sets, start = prompts[:2], {}, 2
+    for batch in args.batch:
+        sets[batch], start = prompts[start : start + batch], start + batch
     user_ids = tokenizer.encode(USER_TURN, add_special_tokens=False)
     peak, bandwidth = limits["peak"], limits["bandwidth"]
     result = {
@@ -336,7 +340,7 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         rate = matmul_rate(batch, shape.hidden, shape.intermediate, args.repeats)
         result["decode_matmul"][batch] = rate
         bounds = workload_bounds(
-            shape, prompts[:batch], len(user_ids), args.turns, args.new_tokens, peak, bandwidth
+            shape, sets[batch], len(user_ids), args.turns, args.new_tokens, peak, bandwidth
         )
         result["bounds"][batch] = asdict(bounds)
 
@@ -344,18 +348,18 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
     for batch in args.batch:
         progress(f"{name}: HFEngine at batch {batch}")
         engine = HFEngine(model, eos_token_ids=(), max_batch_size=batch)
-        asyncio.run(engine_rollout(engine, prompts[:2], user_ids, 1, 4))  # warm-up
+        asyncio.run(engine_rollout(engine, warmup, user_ids, 1, 4))
         timings[batch, "HFEngine"] = timed_rollout(
-            lambda e=engine, b=batch: asyncio.run(
-                engine_rollout(e, prompts[:b], user_ids, args.turns, args.new_tokens)
+            lambda e=engine, p=sets[batch]: asyncio.run(
+                engine_rollout(e, p, user_ids, args.turns, args.new_tokens)
             )
         )
         if args.naive:
             progress(f"{name}: naive model.generate at batch {batch}")
-            naive_rollout(model, prompts[:1], user_ids, 1, 4, tokenizer.pad_token_id)  # warm-up
+            naive_rollout(model, warmup[:1], user_ids, 1, 4, tokenizer.pad_token_id)
             timings[batch, "naive generate"] = timed_rollout(
-                lambda b=batch: naive_rollout(
-                    model, prompts[:b], user_ids, args.turns, args.new_tokens, tokenizer.pad_token_id
+                lambda p=sets[batch]: naive_rollout(
+                    model, p, user_ids, args.turns, args.new_tokens, tokenizer.pad_token_id
                 )
             )
     if args.no_vllm:
@@ -364,7 +368,8 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         result["vllm"] = "not installed (bash scripts/install_vllm.sh)"
     else:
         progress(f"{name}: VLLMEngine at batch {args.batch} (subprocess)")
-        vllm = run_vllm(model_dir, prompts, user_ids, shape, args, workdir)
+        longest = max(len(p) for p in prompts) + args.turns * (args.new_tokens + len(user_ids))
+        vllm = run_vllm(model_dir, warmup, sets, user_ids, longest, shape, args, workdir)
         if isinstance(vllm, str):
             result["vllm"] = vllm
         else:
@@ -463,7 +468,7 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM even if .venv-vllm exists")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
     parser.add_argument(
-        "--quick", action="store_true", help="smoke-test size: tiny, batch 4,8, 2 turns x 8 tokens"
+        "--quick", action="store_true", help="smoke-test size: batch 4,8, 2 turns x 8 tokens, small limits"
     )
     parser.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-input", help=argparse.SUPPRESS)

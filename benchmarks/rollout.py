@@ -15,9 +15,9 @@ warm-up) has trajectories of its own, so that no run finds its prompts in a cach
   engine batches their decode steps and reuses each trajectory's prefix across turns.
 - ``VLLMEngine`` (``agent_r1.rollout.vllm_engine``, vLLM's CPU build, when ``.venv-vllm`` exists):
   the same prompts in a subprocess of that environment (fp32, prefix caching on, at most B running
-  sequences), in process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) at the same thread count
-  (``OMP_NUM_THREADS``; its multiprocess mode binds threads itself and keeps a core for its
-  scheduler); its engine start-up is reported apart and not counted.
+  sequences), with vLLM's engine core inside that subprocess (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+  at the same thread count (``OMP_NUM_THREADS``; vLLM's multiprocess mode would bind its threads
+  itself and keep a core for its scheduler); its engine start-up is reported apart, not counted.
 - naive (``--naive``): each trajectory, one after another, calls ``model.generate`` alone for each
   turn, with per-token scores as an RL sampler needs the log-probs.
 

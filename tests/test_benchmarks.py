@@ -73,10 +73,51 @@ def test_logprob_memory_quick():
     assert all(is_number(c) for c in row[1:]), row
 
 
-@pytest.mark.skipif(not (BENCHMARKS / "rollout.py").exists(), reason="benchmarks/rollout.py is not there yet")
-def test_rollout_quick():
-    out = run_script("rollout.py", "--quick", "--no-vllm")
-    assert out.count("\n|") >= 3, out  # header, separator and at least one row
+def test_rollout_quick(tmp_path):
+    """benchmarks/rollout.py at smoke sizes without vLLM: the machine's limits printed first, then the
+    HF engine at each batch size with its fractions of the compute and memory bounds, also as JSON."""
+    out = run_script("rollout.py", "--quick", "--no-vllm", "--naive", "--json", str(tmp_path / "r.json"))
+    lines = out.splitlines()
+    assert lines[1].startswith("compute peak: ") and lines[2].startswith("memory bandwidth: "), out
+    header = table_row(out, "batch")
+    assert header[1:] == [
+        "engine",
+        "tokens",
+        "seconds",
+        "tokens/s",
+        "% compute bound",
+        "% memory bound",
+        "vs vLLM",
+    ], header
+    report = json.loads((tmp_path / "r.json").read_text())
+    (model,) = report["models"]
+    assert model["model"] == "tiny" and model["vllm"] == "skipped (--no-vllm)"
+    rows = {(r["batch"], r["engine"]): r for r in model["rows"]}
+    assert set(rows) == {(b, e) for b in (4, 8) for e in ("HFEngine", "naive generate")}
+    for (batch, _), row in rows.items():
+        assert row["tokens"] == batch * 2 * 8  # trajectories x turns x new tokens, every engine
+        assert row["compute_fraction"] > 0 and row["memory_fraction"] > 0 and row["vs_vllm"] is None
+    cells = [
+        line.strip("|").split("|") for line in lines if line.startswith("| 4 ") or line.startswith("| 8 ")
+    ]
+    assert len(cells) == 4 and all(is_number(c.strip()) for row in cells for c in row[2:7]), cells
+
+
+def test_rollout_bounds_by_hand(monkeypatch):
+    """The workload's FLOPs and bytes: one 3-token prompt, 2 turns of 2 sampled tokens, a 1-token
+    user turn. Forwarded: p1 p2 p3 (sample s1), s1 (-> s2); then s2 u1 (-> t1), t1 (-> t2)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from rollout import Shape, workload_bounds
+
+    shape = Shape(
+        params=100, head=10, layers=2, hidden=4, intermediate=8, q_dim=4, kv_dim=2, bytes_per_param=4
+    )
+    bounds = workload_bounds(shape, [[1, 2, 3]], 1, turns=2, new_tokens=2, peak=1.0, bandwidth=1.0)
+    assert (bounds.sampled, bounds.forwarded, bounds.prefilled) == (4, 7, 5)
+    contexts = (1 + 2 + 3) + 4 + (5 + 6) + 7  # each forwarded token's keys, itself included
+    assert bounds.compute_seconds == 2 * 90 * 7 + 2 * 10 * 4 + 4 * 2 * 4 * contexts
+    # 4 steps read every weight; each step's last position reads its K and V: contexts 3, 4, 6, 7
+    assert bounds.memory_seconds == 4 * 100 * 4 + 2 * 2 * 2 * 4 * (3 + 4 + 6 + 7)
 
 
 @pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e '.[bench]'): TRL side not run")

@@ -307,7 +307,9 @@ def test_through_the_flow_a_dead_server_is_an_error_trajectory_not_a_stuck_rollo
     trajectory = asyncio.run(flow.run(ScriptedEngine(tokenizer, script), {"id": "f"}))
     assert trajectory.status is TrajectoryStatus.ERROR
     assert "OpenEnvError" in trajectory.error and "exited with code -9" in trajectory.error
-    assert len(trajectory.steps) == 1  # the step before the kill is kept
+    # the step before the kill is kept, and so is the action whose env.step failed: shown in the dump,
+    # marked env_error (an ERROR trajectory is never trained)
+    assert len(trajectory.steps) == 2 and trajectory.steps[-1].info == {"env_error": True}
 
 
 def test_a_server_does_not_outlive_a_killed_trainer():

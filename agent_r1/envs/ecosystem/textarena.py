@@ -243,7 +243,8 @@ class TextArenaEnv(AgentEnv):
             ``SinglePlayerState``, else 2 (set it for games of 3+ players). A count the game refuses
             is a ValueError quoting the game's reason.
         opponent: who plays the other seats (None, the default: ``"random"``, and no opponent in a
-            single-player game, where any opponent given is refused): ``"random"`` (a random bracketed move read off the
+            single-player game: one given with a single-player ``game`` is refused, and a row that
+            names a single-player game of its own has none): ``"random"`` (a random bracketed move read off the
             seat's observation; for TextArena's boards a random legal move), ``"self"`` (the acting
             policy, with the flow's sampling params, not trained in this trajectory), an entry point
             ``"module:function"`` (``function(observation_text) -> action_text``; a class is
@@ -365,7 +366,9 @@ class TextArenaEnv(AgentEnv):
         self._rng_state = random.Random(seed).getstate()
         self._opponent_rng = random.Random(f"{seed}/{seat}/opponent")
         self.num_players = self._start_game(seed, wanted)
-        if self.num_players == 1 and self.opponent_given:
+        # The opponent plays the other seats of env.kwargs.game; a row naming another game that has
+        # no other seat (a mixed dataset) simply has none (its episode says opponent: null).
+        if self.num_players == 1 and self.opponent_given and self.game_id == self.default_game:
             raise ValueError(
                 f"task {self.task_name}: {self.game_id} is a single-player game, so there is no seat for "
                 f"opponent {self.opponent_name!r}: remove env.kwargs.opponent"

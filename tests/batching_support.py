@@ -1,14 +1,33 @@
 """What the batching tests compare layouts against: the per-step definition of the log-probs, and one
-layout's log-probs and gradients (tests/test_batching.py, tests/test_batching_trie.py)."""
+layout's log-probs and gradients (tests/test_batching.py, tests/test_batching_trie.py); and the small
+random multi-turn trajectories the learner tests train on."""
 
 from __future__ import annotations
+
+import random
 
 import torch
 
 from agent_r1.train.batch import batch_of
 from agent_r1.train.learner import micro_batch_logprobs
+from agent_r1.types import Step, Trajectory
 
 TEMPERATURE = 0.7
+
+
+def random_trajectories(seed: int, count: int = 3) -> list[Trajectory]:
+    """``count`` trajectories of 1-3 appended steps over random token ids (3..249), each response 2-5
+    tokens sampled at log-prob -5."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        prompt, steps = [rng.randrange(3, 250) for _ in range(6)], []
+        for _ in range(rng.randint(1, 3)):
+            response = [rng.randrange(3, 250) for _ in range(rng.randint(2, 5))]
+            steps.append(Step(prompt_ids=prompt, response_ids=response, logprobs=[-5.0] * len(response)))
+            prompt = prompt + response + [rng.randrange(3, 250) for _ in range(3)]
+        out.append(Trajectory(task_id="t", steps=tuple(steps)))
+    return out
 
 
 def reference_logprobs(model, trajectories) -> torch.Tensor:

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
+from batching_support import random_trajectories
 
 from agent_r1.algos import TokenFields, aggregation_weights
 from agent_r1.train.batch import batch_of
 from agent_r1.train.config import ModelConfig, TrainerConfig, config_from_dict
 from agent_r1.train.learner import Learner, MiniBatch, load_policy, lr_lambda
-from agent_r1.types import Step, Trajectory
-
-
-def _trajectories(seed: int, count: int = 3) -> list[Trajectory]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        prompt, steps = [rng.randrange(3, 250) for _ in range(6)], []
-        for _ in range(rng.randint(1, 3)):
-            response = [rng.randrange(3, 250) for _ in range(rng.randint(2, 5))]
-            steps.append(Step(prompt_ids=prompt, response_ids=response, logprobs=[-5.0] * len(response)))
-            prompt = prompt + response + [rng.randrange(3, 250) for _ in range(3)]
-        out.append(Trajectory(task_id="t", steps=tuple(steps)))
-    return out
 
 
 def _mini_batch(trajectories, budget):
@@ -59,7 +44,7 @@ def policy(tiny_checkpoint):
 
 
 def test_update_does_not_depend_on_the_micro_batch_split(tiny_checkpoint):
-    trajectories = _trajectories(0)
+    trajectories = random_trajectories(0)
     results = []
     for budget in (16, 10_000):
         model = load_policy(ModelConfig(path=str(tiny_checkpoint)))
@@ -87,13 +72,15 @@ def test_non_finite_updates_are_skipped_and_never_reach_the_weights(policy, pois
     else:
         param = next(p for p in policy.parameters() if p.requires_grad)
         hook = param.register_hook(lambda g: g * float("inf"))
-    metrics = learner.update(_mini_batch(_trajectories(1), 64), token_loss)
+    metrics = learner.update(_mini_batch(random_trajectories(1), 64), token_loss)
     if hook:
         hook.remove()
     assert metrics["update/skipped"] == 1.0 and learner.skipped_updates == 1 and learner.optimizer_steps == 0
     for name, p in policy.named_parameters():
         assert torch.equal(p, before[name]), name
-    metrics = learner.update(_mini_batch(_trajectories(1), 64), _pg_loss)  # the next healthy step applies
+    metrics = learner.update(
+        _mini_batch(random_trajectories(1), 64), _pg_loss
+    )  # the next healthy step applies
     assert metrics["update/skipped"] == 0.0 and learner.optimizer_steps == 1
     assert any(not torch.equal(p, before[n]) for n, p in policy.named_parameters())
 
@@ -103,7 +90,7 @@ def test_lora_reference_is_the_base_model_with_the_adapter_disabled(tiny_checkpo
     model = load_policy(config.model)
     base = load_policy(ModelConfig(path=str(tiny_checkpoint)))
     learner = _learner(model, lr=1e-2)
-    mini = _mini_batch(_trajectories(2), 10_000)
+    mini = _mini_batch(random_trajectories(2), 10_000)
     n = mini.weights.numel()
     base_logprobs = Learner(base, TrainerConfig(), temperature=1.0, total_optimizer_steps=1).logprobs(
         mini.micro_batches, n
@@ -121,7 +108,7 @@ def test_lora_reference_is_the_base_model_with_the_adapter_disabled(tiny_checkpo
 
 
 def test_gradient_checkpointing_and_bf16_give_the_same_update_direction(tiny_checkpoint):
-    mini = _mini_batch(_trajectories(3), 10_000)
+    mini = _mini_batch(random_trajectories(3), 10_000)
     grads = {}
     for name, cfg in {
         "plain": ModelConfig(path=str(tiny_checkpoint)),

@@ -4,18 +4,17 @@ would have left them (its gradient is exact zeros; the optimizer still steps on 
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import pytest
 import torch
+from batching_support import random_trajectories
 
 from agent_r1.algos import PolicyObjective, TokenFields, aggregation_weights
 from agent_r1.algos.kl import KLConfig
 from agent_r1.train.batch import batch_of
 from agent_r1.train.config import ModelConfig, TrainerConfig
 from agent_r1.train.learner import Learner, MiniBatch, load_policy
-from agent_r1.types import Step, Trajectory
 
 
 @dataclass(frozen=True)
@@ -29,22 +28,9 @@ class AlwaysForward:
         return self.objective(logprobs_K, entropy_K, tokens)
 
 
-def _trajectories(seed: int, count: int = 6) -> list[Trajectory]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        prompt, steps = [rng.randrange(3, 250) for _ in range(6)], []
-        for _ in range(rng.randint(1, 3)):
-            response = [rng.randrange(3, 250) for _ in range(rng.randint(2, 5))]
-            steps.append(Step(prompt_ids=prompt, response_ids=response, logprobs=[-5.0] * len(response)))
-            prompt = prompt + response + [rng.randrange(3, 250) for _ in range(3)]
-        out.append(Trajectory(task_id="t", steps=tuple(steps)))
-    return out
-
-
 def _mini_batch(advantages_of) -> MiniBatch:
     """One mini-batch of small micro-batches; ``advantages_of(traj_ids_T)`` gives the advantages."""
-    batch = batch_of(_trajectories(0), micro_batch_tokens=24)
+    batch = batch_of(random_trajectories(0, count=6), micro_batch_tokens=24)
     tokens = batch.tokens
     weights = aggregation_weights(tokens.mask, "token-mean", seq_ids=tokens.step_ids)
     fields = TokenFields(

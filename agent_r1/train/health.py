@@ -126,8 +126,11 @@ def error_budget(
 ) -> TrainingHalted | None:
     """Log the first error of each kind of a rollout of ``total`` trajectories (named by ``rollout``,
     e.g. "step 3"); return the ``TrainingHalted`` to raise when more than ``max_error_fraction`` of its
-    trajectories, or all of them, ended in ERROR (``see``: where the full tracebacks are)."""
-    for kind in kinds.values():
+    trajectories, or all of them, ended in ERROR (``see``: where the full tracebacks are). A halt's
+    message names the first kind, so that kind is not logged as well: each error is said once."""
+    errors = sum(k.count for k in kinds.values())
+    halts = bool(errors) and (errors == total or errors > max_error_fraction * total)
+    for kind in list(kinds.values())[1 if halts else 0 :]:
         logger.warning(
             "%s: %d of %d trajectories ended in ERROR with %s (first: %s%s)",
             rollout,
@@ -137,8 +140,7 @@ def error_budget(
             kind.trajectory,
             f", at {kind.where}" if kind.where else "",
         )
-    errors = sum(k.count for k in kinds.values())
-    if not errors or (errors < total and errors <= max_error_fraction * total):
+    if not halts:
         return None
     if errors == total:
         what = f"every trajectory ({errors} of {total}) ended in ERROR"

@@ -129,12 +129,23 @@ def test_null_harness_one_exact_step_scored_by_the_tasksets_reward(tiny_tokenize
         "turns": 1,
         "stop": "agent_completed",
     }
-    assert step.metrics == {"reward_correct": 1.0, "yes_no": 1.0, "turns": 1.0}
+    # one call: exact by definition, reported whenever there is a call to judge (docs/gateway.md)
+    assert step.metrics == {"reward_correct": 1.0, "yes_no": 1.0, "turns": 1.0, "gateway/exact_fraction": 1.0}
     wrong = play(tiny_tokenizer, ["yes"])
     assert wrong.outcome_reward == 0.0 and wrong.info["success"] is False
-    assert wrong.steps[-1].metrics == {"reward_correct": 0.0, "yes_no": 1.0, "turns": 1.0}
+    assert wrong.steps[-1].metrics == {
+        "reward_correct": 0.0,
+        "yes_no": 1.0,
+        "turns": 1.0,
+        "gateway/exact_fraction": 1.0,
+    }
     unsure = play(tiny_tokenizer, ["maybe"])
-    assert unsure.steps[-1].metrics == {"reward_correct": 0.0, "yes_no": 0.0, "turns": 1.0}
+    assert unsure.steps[-1].metrics == {
+        "reward_correct": 0.0,
+        "yes_no": 0.0,
+        "turns": 1.0,
+        "gateway/exact_fraction": 1.0,
+    }
 
 
 @needs_venv

@@ -31,7 +31,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_learner import _trajectories
+from batching_support import random_trajectories
 from update_parity import (
     adam_difference_bound,
     assert_gradients_match,
@@ -83,7 +83,7 @@ def _group(seed: int, size: int = 3) -> list[Trajectory]:
 def _mini_batch(seed: int, budget: int) -> MiniBatch:
     """The trainer's per-token fields for a few random trajectories and a group sharing its prompt
     (laid out as a prefix tree), cut into micro-batches."""
-    trajectories = _trajectories(seed, count=4) + _group(seed)
+    trajectories = random_trajectories(seed, count=4) + _group(seed)
     batch = batch_of(trajectories, micro_batch_tokens=budget, pair_cost=1e-3)
     rows = batch.rows
     n = rows.num_tokens

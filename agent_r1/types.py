@@ -89,6 +89,11 @@ def _metrics(metrics: Mapping[str, float], owner: str) -> dict[str, float]:
     return checked
 
 
+def _check_role(role: Any, owner: str) -> None:
+    if role is not None and (not isinstance(role, str) or not role):
+        raise TypeError(f"{owner} must be a non-empty str or None, got {role!r}")
+
+
 def _float_to_json(x: float) -> float | str:
     # JSON has no NaN / inf; keep them losslessly as strings.
     return x if math.isfinite(x) else repr(x)
@@ -109,6 +114,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()  # stop strings; the response ends after the first one (it is kept)
     seed: int | None = None
+    role: str | None = None  # the role whose policy samples this request; None: the run's one policy
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):  # NaN fails every comparison
@@ -119,6 +125,7 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        _check_role(self.role, "SamplingParams.role")
         object.__setattr__(self, "stop_token_ids", _tuple_of_ints(self.stop_token_ids))
         object.__setattr__(self, "stop", tuple(str(s) for s in self.stop))
 
@@ -135,6 +142,7 @@ class SamplingParams:
             "stop_token_ids": list(self.stop_token_ids),
             "stop": list(self.stop),
             "seed": self.seed,
+            **({} if self.role is None else {"role": self.role}),
         }
 
     @classmethod
@@ -181,12 +189,17 @@ class Observation:
     ``state_key`` optionally names the state shown, whatever the prompt looks like: the flow copies it
     to the ``Step.state_key`` of the step taken from it, so step-grouped baselines (``step_grpo``)
     group steps from the same state even when their prompts differ (e.g. an appended history).
+
+    ``role`` names who acts on this observation in an episode of several roles (a planner and an
+    executor, the seats of a game): the flow samples the action from that role's policy and puts the
+    step in that role's trajectory (docs/multi_agent.md). None: the episode has one role.
     """
 
     text: str | None = None
     messages: tuple[Message, ...] | None = None
     token_ids: tuple[int, ...] | None = None
     state_key: str | None = None
+    role: str | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in ("text", "messages", "token_ids") if getattr(self, name) is not None]
@@ -198,6 +211,7 @@ class Observation:
             raise TypeError(
                 f"Observation.state_key must be a str or None, got {type(self.state_key).__name__}"
             )
+        _check_role(self.role, "Observation.role")
         if self.messages is not None:
             object.__setattr__(self, "messages", tuple(dict(m) for m in self.messages))
         if self.token_ids is not None:
@@ -205,6 +219,8 @@ class Observation:
 
     def to_dict(self) -> dict[str, Any]:
         key = {} if self.state_key is None else {"state_key": self.state_key}
+        if self.role is not None:
+            key["role"] = self.role
         if self.text is not None:
             return {"text": self.text, **key}
         if self.messages is not None:
@@ -236,7 +252,9 @@ class StepResult:
     ``terminated``: the task reached a terminal state (answered, failed for good).
     ``truncated``: the episode was cut short from outside the MDP (turn or time limit).
     ``reward``: the immediate reward of this step. ``outcome_reward``: the final reward of the whole
-    episode, reported once, normally together with ``terminated``; see the module docstring.
+    episode, reported once, normally together with ``terminated``; see the module docstring. In an
+    episode of several roles (``Observation.role``) a float is every role's outcome (a team) and a
+    mapping ``{role: reward}`` gives each role its own (the seats of a game).
     ``policy_steps``: the policy's own calls that the environment made while computing this
     transition and wants trained (a summary of the history, ``agent_r1.envs.context``); the flow puts
     them into the trajectory right after this step, in order. Each carries its own immediate reward;
@@ -253,7 +271,7 @@ class StepResult:
     terminated: bool = False
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
-    outcome_reward: float | None = None
+    outcome_reward: float | Mapping[str, float] | None = None
     policy_steps: tuple[Step, ...] = ()
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -262,6 +280,12 @@ class StepResult:
             raise ValueError("StepResult.observation may only be None when the episode has ended")
         object.__setattr__(self, "policy_steps", tuple(self.policy_steps))
         object.__setattr__(self, "metrics", _metrics(self.metrics, "StepResult"))
+        if isinstance(self.outcome_reward, Mapping):
+            for role, value in self.outcome_reward.items():
+                _check_role(role, "a StepResult.outcome_reward key")
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise TypeError(f"StepResult.outcome_reward[{role!r}] must be a number, got {value!r}")
+            object.__setattr__(self, "outcome_reward", {r: float(v) for r, v in self.outcome_reward.items()})
 
 
 @dataclass(frozen=True)
@@ -333,7 +357,13 @@ class Step:
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One episode: the steps of one task, sampled by one policy, and how it ended."""
+    """One episode of one role: the steps of one task that the role took, and how it ended.
+
+    ``role``: who acted (``Observation.role``); None in an episode of one role. An episode of several
+    roles gives one trajectory per role, each step in exactly one of them, linked by
+    ``info["episode"]`` (``agent_r1.flows.base.rollout_group``); the role's policy is the config's
+    (``policies`` / ``roles``, docs/multi_agent.md).
+    """
 
     task_id: str
     steps: tuple[Step, ...]
@@ -342,6 +372,7 @@ class Trajectory:
     status: TrajectoryStatus = TrajectoryStatus.OK
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    role: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))
@@ -349,6 +380,7 @@ class Trajectory:
         object.__setattr__(self, "task_id", str(self.task_id))
         if self.status is TrajectoryStatus.ERROR and not self.error:
             raise ValueError("a Trajectory with status ERROR needs its error text")
+        _check_role(self.role, "Trajectory.role")
 
     @property
     def total_reward(self) -> float:
@@ -368,6 +400,7 @@ class Trajectory:
             "status": self.status.value,
             "error": self.error,
             "info": self.info,
+            **({} if self.role is None else {"role": self.role}),
         }
 
     @classmethod
@@ -383,15 +416,18 @@ class Trajectory:
 
 @dataclass(frozen=True)
 class TrajectoryGroup:
-    """The n samples of one task (the unit of group baselines such as GRPO and RLOO)."""
+    """The n samples of one task by one role (the unit of group baselines such as GRPO and RLOO):
+    groups are (task, role), so each role's baseline is its own."""
 
     group_id: str
     task_id: str
     trajectories: tuple[Trajectory, ...]
     info: dict[str, Any] = field(default_factory=dict)
+    role: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trajectories", tuple(self.trajectories))
+        _check_role(self.role, "TrajectoryGroup.role")
 
     @property
     def rewards(self) -> list[float]:
@@ -403,6 +439,7 @@ class TrajectoryGroup:
             "task_id": self.task_id,
             "trajectories": [t.to_dict() for t in self.trajectories],
             "info": self.info,
+            **({} if self.role is None else {"role": self.role}),
         }
 
     @classmethod

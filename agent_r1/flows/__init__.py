@@ -9,6 +9,7 @@ from agent_r1.flows.base import (
     SingleStepFlow,
     rollout_group,
     rollout_groups,
+    split_roles,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "SingleStepFlow",
     "rollout_group",
     "rollout_groups",
+    "split_roles",
 ]

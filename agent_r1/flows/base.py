@@ -52,6 +52,7 @@ __all__ = [
     "rollout_group",
     "rollout_groups",
     "short_traceback",
+    "split_roles",
     "task_group_id",
 ]
 
@@ -72,10 +73,13 @@ def short_traceback(error: BaseException, frames: int = TRACEBACK_FRAMES) -> str
 
 
 class AgentFlow(ABC):
-    """Anything that turns (engine, task) into a Trajectory. Subclass and implement ``run``."""
+    """Anything that turns (engine, task) into a Trajectory. Subclass and implement ``run``.
+
+    An episode of several roles returns a list: one Trajectory per role (``Trajectory.role``), each
+    step in exactly one of them (docs/multi_agent.md)."""
 
     @abstractmethod
-    async def run(self, engine: Engine, task: Task) -> Trajectory: ...
+    async def run(self, engine: Engine, task: Task) -> Trajectory | list[Trajectory]: ...
 
 
 OverflowMode = Literal["truncate", "raise"]
@@ -208,6 +212,11 @@ class AgentEnvLoop(AgentFlow):
       raises ``PromptTooLongError`` (``"raise"``).
     - ``max_tokens`` is capped per step so that prompt + response fits ``max_total_tokens``.
     - Each Step carries ``timings = {"generate": s, "env_step": s}``.
+    - Roles: an observation with ``role`` set is acted on by that role's policy (the request's
+      ``SamplingParams.role``) and its step joins that role's trajectory; an episode whose
+      observations name roles returns one trajectory per role, in the order each first acted, each
+      with its own outcome when the env reports ``outcome_reward`` as ``{role: reward}`` (a float is
+      every role's). ``max_steps`` counts the steps of all roles.
     - The env is lent the engine (``AgentEnv.lend_policy``) for policy calls of its own, sampled with
       the same params; the Steps it returns in ``StepResult.policy_steps`` (a summary) follow the
       step that caused them. They do not count towards ``max_steps``.
@@ -243,9 +252,10 @@ class AgentEnvLoop(AgentFlow):
         self.max_steps = max_steps
         self.limits = _PromptLimits(sampling_params, max_prompt_tokens, max_total_tokens, on_prompt_overflow)
 
-    async def run(self, engine: Engine, task: Task) -> Trajectory:
+    async def run(self, engine: Engine, task: Task) -> Trajectory | list[Trajectory]:
         steps: list[Step] = []
-        outcome_reward = 0.0
+        roles: list[str | None] = []  # the role of each step
+        outcome_reward: float | dict[str, float] = 0.0
         info: dict[str, Any] = {}
         status = TrajectoryStatus.OK
         env: AgentEnv | None = None
@@ -266,7 +276,10 @@ class AgentEnvLoop(AgentFlow):
                     info["truncated"] = overflow
                     break
                 start = time.perf_counter()
-                completion = await _generate(engine, prompt_ids, self.limits.params_for(len(prompt_ids)))
+                params = self.limits.params_for(len(prompt_ids))
+                if observation.role is not None:
+                    params = replace(params, role=observation.role)
+                completion = await _generate(engine, prompt_ids, params)
                 generate_s = time.perf_counter() - start
                 refused = self.limits.refused(completion)
                 if refused:
@@ -286,6 +299,7 @@ class AgentEnvLoop(AgentFlow):
                     timings={"generate": generate_s},
                 )
                 start = time.perf_counter()
+                roles.append(observation.role)
                 try:
                     result = await env.step(action)
                 except Exception:
@@ -304,7 +318,10 @@ class AgentEnvLoop(AgentFlow):
                     )
                 )
                 steps.extend(result.policy_steps)
-                if result.outcome_reward is not None:
+                roles.extend([observation.role] * len(result.policy_steps))
+                if isinstance(result.outcome_reward, dict):
+                    outcome_reward = dict(result.outcome_reward)
+                elif result.outcome_reward is not None:
                     outcome_reward = float(result.outcome_reward)
                 if "success" in result.info:
                     info["success"] = bool(result.info["success"])
@@ -322,15 +339,15 @@ class AgentEnvLoop(AgentFlow):
             raise
         except Exception as error:
             await _close_quietly(env)
-            return Trajectory(
-                task_id(task),
+            return by_role(
+                Trajectory(
+                    task_id(task), (), status=TrajectoryStatus.ERROR, error=short_traceback(error), info=info
+                ),
                 steps,
-                outcome_reward=outcome_reward,
-                status=TrajectoryStatus.ERROR,
-                error=short_traceback(error),
-                info=info,
+                roles,
+                outcome_reward,
             )
-        return Trajectory(task_id(task), steps, outcome_reward=outcome_reward, status=status, info=info)
+        return by_role(Trajectory(task_id(task), (), status=status, info=info), steps, roles, outcome_reward)
 
     def _lent_generate(self, engine: Engine) -> Callable[[Sequence[int]], Awaitable[Completion]]:
         """The policy call lent to the env: this flow's sampling params and abort handling."""
@@ -340,6 +357,34 @@ class AgentEnvLoop(AgentFlow):
             return await _generate(engine, ids, self.limits.params_for(len(ids)))
 
         return generate
+
+
+def by_role(
+    episode: Trajectory,
+    steps: Sequence[Step],
+    roles: Sequence[str | None],
+    outcome: float | dict[str, float],
+) -> Trajectory | list[Trajectory]:
+    """The episode's trajectory (``episode`` with ``steps`` and the outcome), or, when its steps name
+    roles, one trajectory per role (in the order each first acted) holding that role's steps, its
+    outcome (``outcome[role]`` from a mapping, else the one float) and the episode's status and info.
+    A role that a mapping outcome names but that never acted gets no trajectory: it took no step."""
+    named = list(dict.fromkeys(roles))
+    if named in ([], [None]) and not isinstance(outcome, dict):
+        return replace(episode, steps=tuple(steps), outcome_reward=outcome)
+    if None in named:
+        raise ValueError(
+            "an episode mixed observations with and without a role: set Observation.role on every "
+            "observation of an episode of several roles"
+        )
+    trajectories = []
+    for role in named:
+        if isinstance(outcome, dict) and role not in outcome and episode.status is TrajectoryStatus.OK:
+            raise ValueError(f"outcome_reward {outcome} has no reward for role {role!r}, which acted")
+        reward = outcome.get(role, 0.0) if isinstance(outcome, dict) else outcome
+        own = tuple(step for step, r in zip(steps, roles, strict=True) if r == role)
+        trajectories.append(replace(episode, steps=own, outcome_reward=reward, role=role))
+    return trajectories
 
 
 def _ended_at_reset(result: StepResult) -> tuple[float, dict[str, Any]]:
@@ -354,6 +399,11 @@ def _ended_at_reset(result: StepResult) -> tuple[float, dict[str, Any]]:
     info: dict[str, Any] = {"ended_at_reset": dict(result.info)}
     if "success" in result.info:
         info["success"] = bool(result.info["success"])
+    if isinstance(result.outcome_reward, dict):
+        raise ValueError(
+            "AgentEnv.reset returned a StepResult with an outcome per role: no role acted, so there is "
+            "no trajectory to give it to; report a float"
+        )
     return float(result.reward) + float(result.outcome_reward or 0.0), info
 
 
@@ -368,19 +418,24 @@ async def _close_quietly(env: AgentEnv | None) -> None:
 
 
 async def rollout_group(
-    flow: AgentFlow, engine: Engine, task: Task, n: int, group_id: str
+    flow: AgentFlow, engine: Engine, task: Task, n: int, group_id: str, *, first_sample: int = 0
 ) -> TrajectoryGroup:
     """Run ``n`` samples of ``task`` concurrently.
 
     An exception escaping one sample's ``flow.run`` becomes that trajectory's ERROR status with a short
     traceback (no steps, since the flow kept none); the other samples go on. ``PromptTooLongError``
     (a flow configured with ``on_prompt_overflow="raise"``) is re-raised once every sample has ended.
+
+    A sample of several roles (a list from ``flow.run``) puts every role's trajectory in the group,
+    each with ``info["episode"] = "<group_id>/<sample>"`` (samples numbered from ``first_sample``) so
+    that the seats of one game can be shown side by side; ``split_roles`` makes the (task, role)
+    groups that train.
     """
     if n < 1:
         raise ValueError(f"rollout_group: n must be >= 1, got {n}")
     outcomes = await asyncio.gather(*(flow.run(engine, task) for _ in range(n)), return_exceptions=True)
     trajectories = []
-    for outcome in outcomes:
+    for sample, outcome in enumerate(outcomes, first_sample):
         if isinstance(outcome, PromptTooLongError):
             raise outcome
         if isinstance(outcome, BaseException):
@@ -389,8 +444,38 @@ async def rollout_group(
             outcome = Trajectory(
                 task_id(task), (), status=TrajectoryStatus.ERROR, error=short_traceback(outcome)
             )
-        trajectories.append(outcome.with_group(group_id))
+        if isinstance(outcome, list):
+            episode = f"{group_id}/{sample}"
+            trajectories += [
+                replace(t, info={**t.info, "episode": episode}).with_group(group_id) for t in outcome
+            ]
+        else:
+            trajectories.append(outcome.with_group(group_id))
     return TrajectoryGroup(group_id, task_id(task), trajectories)
+
+
+def split_roles(groups: Sequence[TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """The (task, role) groups: each group whose trajectories have roles becomes one group per role
+    (in the order the roles first appear, id ``"<group_id>@<role>"``), so that a group baseline
+    compares a role's samples with that role's only. Groups of one role (None) are returned as they are.
+
+    An ERROR trajectory without a role (a sample that raised before any role acted) joins the first
+    role's group, so that the error budget counts it once; it is never trained."""
+    out = []
+    for group in groups:
+        roles = list(dict.fromkeys(t.role for t in group.trajectories if t.role is not None))
+        if not roles:
+            out.append(group)
+            continue
+        for role in roles:
+            role_id = f"{group.group_id}@{role}"
+            members = [
+                t.with_group(role_id)
+                for t in group.trajectories
+                if t.role == role or (t.role is None and role == roles[0])
+            ]
+            out.append(replace(group, group_id=role_id, trajectories=tuple(members), role=role))
+    return out
 
 
 def task_group_id(index: int, task: Task) -> str:
@@ -422,7 +507,11 @@ async def seeded_rollout_groups(
         group_id = task_group_id(index, task)
         engines = [sample_engine(engine, seed_base, index, sample) for sample in range(n)]
         outcomes = await asyncio.gather(
-            *(rollout_group(flow, seeded, task, 1, group_id) for seeded in engines), return_exceptions=True
+            *(
+                rollout_group(flow, seeded, task, 1, group_id, first_sample=sample)
+                for sample, seeded in enumerate(engines)
+            ),
+            return_exceptions=True,
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):

@@ -256,3 +256,15 @@ def run(coroutine):
     import asyncio
 
     return asyncio.run(coroutine)
+
+
+def test_a_role_that_no_policy_plays(tiny_checkpoint, tmp_path, capsys):
+    """Several policies (issue 50): the env's first role is played by none of them: exit 2, before the
+    weights load, naming the row, the role and the configured policies."""
+    env = {"name": "trainer_envs:LowHighEnv"}
+    config = write_config(tmp_path, str(tiny_checkpoint), env, [{"id": "a", "prompt": "hi"}])
+    printed = refused(
+        capsys, "check", config, "model.lora.rank=4", "policies.high={}", "policies.other.frozen=true"
+    )
+    assert "role 'low' acted, but no policy plays it" in printed and "row 0" in printed
+    assert "policies: ['high', 'other']" in printed

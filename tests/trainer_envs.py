@@ -189,3 +189,33 @@ class SignalAtStepEnv(LowByteEnv):
             os.kill(os.getpid(), self.signum)
             sum(range(1000))  # bytecode after the signal: the handler runs here, inside this coroutine
         return await super().step(action)
+
+
+class LowHighEnv(AgentEnv):
+    """Two roles that want opposite things from near-identical prompts: ``low`` earns the fraction of
+    its response's token ids below 128, then ``high`` earns the fraction at or above 128, each as the
+    immediate reward of its own step (so a role's trajectory holds exactly its own reward). One shared
+    policy cannot serve both; a policy per role can (issue 50's specialisation task, in miniature)."""
+
+    task_fields = ("id", "prompt")
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def _prompt(self, role: str, text: str) -> Observation:
+        ids = self.tokenizer.encode(
+            f"<|im_start|>user\n{text} ({role})<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+        )
+        return Observation(token_ids=ids, role=role)
+
+    async def reset(self, task: Task) -> Observation:
+        self.task, self.role = task, "low"
+        return self._prompt("low", task["prompt"])
+
+    async def step(self, action: Action) -> StepResult:
+        ids = action.token_ids
+        low = sum(1 for t in ids if t < 128) / max(len(ids), 1)
+        if self.role == "low":
+            self.role = "high"
+            return StepResult(self._prompt("high", self.task["prompt"]), reward=low)
+        return StepResult(None, reward=1.0 - low, terminated=True)

@@ -319,6 +319,19 @@ class LocalLearner:
     def model(self):
         return self.policy.model
 
+    def for_policy(self, name: str | None) -> LocalLearner:
+        """The learners that train policy ``name`` (``agent_r1.train.policies``): itself with one
+        policy (None); else that policy's learner, its adapter active, with the same teacher."""
+        if name is None:
+            return self
+        return LocalLearner(
+            self.policy.of(name),
+            None,
+            tokenizer=self.tokenizer,
+            keep_checkpoints=self.keep_checkpoints,
+            teacher=self.teacher,
+        )
+
     def logprobs(self, micro_batches, num_tokens: int, *, reference: bool = False) -> Tensor:
         return self.policy.logprobs(micro_batches, num_tokens, reference=reference)
 
@@ -342,7 +355,9 @@ class LocalLearner:
         """Checkpoint ``step``: the policy in ``model/`` and ``learner.pt``, the critic in the trainer
         state (``with_critic``). Collective on a learner group: every rank calls it (sharded state is
         gathered), rank 0 writes it; the others return None."""
-        model, optimizer_state = self.policy.sync.full_state(self.policy, optimizer=True)
+        # several policies (``PolicyLearners``): each policy's optimizer is in its state_dict
+        single = isinstance(self.policy, Learner)
+        model, optimizer_state = self.policy.sync.full_state(self.policy, optimizer=single)
         if self.critic is not None:
             critic, critic_optimizer = self.critic.sync.full_state(self.critic, optimizer=True)
             if critic is not None:
@@ -588,6 +603,7 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     an engine and flows around it (``local_rollout``), its learner and critic (``local_learner``)."""
     from agent_r1.train.builders import check_attention, resolve_device
     from agent_r1.train.learner import load_policy
+    from agent_r1.train.policies import trained_policies
 
     check_attention(config)
     configured = resolve_device(config)  # checked also when a model is passed in
@@ -595,7 +611,7 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     if model is None:
         if not config.model.path:
             raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
-        model = load_policy(config.model).to(configured)
+        model = load_policy(config.model, adapters=trained_policies(config)).to(configured)
     device = next(model.parameters()).device
     rollouts = local_rollout(
         config,

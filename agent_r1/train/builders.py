@@ -226,7 +226,25 @@ def _total_updates(config: TrainConfig) -> int:
 
 
 def policy_learner(config: TrainConfig, model, *, reference=None, sync=None) -> Learner:
-    """The policy's ``Learner`` (AdamW, schedule) over ``model`` (built by ``load_policy``)."""
+    """The policy's ``Learner`` (AdamW, schedule) over ``model`` (built by ``load_policy``); with
+    several policies (``config.policies``) a ``PolicyLearners``: one Learner per trained policy over
+    its adapter, with the policy's learning rate."""
+    if config.policies:
+        from agent_r1.train.policies import PolicyLearners, adapter_parameters, trained_policies
+
+        return PolicyLearners(
+            {
+                name: Learner(
+                    model,
+                    replace(config.trainer, lr=config.policies[name].lr or config.trainer.lr),
+                    temperature=config.rollout.temperature,
+                    total_optimizer_steps=_total_updates(config),
+                    sync=sync,
+                    parameters=adapter_parameters(model, name),
+                )
+                for name in trained_policies(config)
+            }
+        )
     return Learner(
         model,
         config.trainer,
@@ -289,6 +307,10 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None):
         # One request at a time, never a stored prefix: each response is then computed from its own
         # tokens alone, whichever requests happen to be live at once (docs/training.md, Determinism).
         kwargs.update(max_batch_size=1, prefix_cache_entries=0)
+    if config.policies and rollout.engine == "hf":
+        from agent_r1.train.policies import engine_roles
+
+        kwargs["roles"] = engine_roles(config)  # every role's adapter, served in one batch
     try:
         return build_engine(
             rollout.engine,

@@ -247,15 +247,21 @@ def load_checkpoint(path: str | Path, model, *, verify: bool = True) -> tuple[di
     problem = checkpoint_problem(path) if verify else None
     if problem is not None:
         raise CheckpointError(f"checkpoint {path} is corrupt: {problem}")
-    weights = _read_safetensors(path / "model")
     if _is_peft(model):
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, weights)
-        unexpected = getattr(result, "unexpected_keys", [])
-        if unexpected:
-            raise ValueError(f"{path}: adapter weights do not match the model: unexpected {unexpected[:5]}")
+        # peft saves adapter "default" in the folder, any other beside it in a subfolder of its name
+        # (several policies: agent_r1.train.policies)
+        for adapter in model.peft_config:
+            folder = path / "model" if adapter == "default" else path / "model" / adapter
+            result = set_peft_model_state_dict(model, _read_safetensors(folder), adapter_name=adapter)
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                raise ValueError(
+                    f"{path}: weights of adapter {adapter!r} do not match the model: unexpected {unexpected[:5]}"
+                )
     else:
+        weights = _read_safetensors(path / "model")
         missing, unexpected = model.load_state_dict(weights, strict=False)
         tied = set(getattr(model, "_tied_weights_keys", None) or ())
         if getattr(model.config, "tie_word_embeddings", False):

@@ -56,6 +56,7 @@ __all__ = [
     "LoggingConfig",
     "LoraConfig",
     "ModelConfig",
+    "PolicyConfig",
     "RolloutConfig",
     "TrainConfig",
     "TrainerConfig",
@@ -463,6 +464,16 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class PolicyConfig:
+    frozen: bool = _opt(
+        False,
+        "Not trained: the base model with every adapter off, sampled as it is (a fixed partner or "
+        "opponent).",
+    )
+    lr: float | None = _opt(None, "This policy's learning rate; default trainer.lr.", _optional(_positive))
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = _opt(ModelConfig(), "The policy model.")
     data: DataConfig = _opt(DataConfig(), "Training and validation tasks.")
@@ -472,6 +483,17 @@ class TrainConfig:
     trainer: TrainerConfig = _opt(TrainerConfig(), "Optimisation and run bookkeeping.")
     logging: LoggingConfig = _opt(LoggingConfig(), "Progress, TensorBoard, W&B, dumps.")
     distributed: DistributedConfig = _opt(DistributedConfig(), "Scale-out on Ray (docs/distributed.md).")
+    policies: dict[str, PolicyConfig] = _opt(
+        {},
+        "Several policies in one run (docs/multi_agent.md): policy name -> how it is held. A trained "
+        "policy is a LoRA adapter of that name on the one shared base (model.lora's settings) with "
+        "its own optimizer state; empty: one policy, as in any run.",
+    )
+    roles: dict[str, str] = _opt(
+        {},
+        "Role name -> the policy (in policies) that plays it; a role not listed is played by the policy "
+        "of its own name. Roles are named by the env (Observation.role) or the agent's model names.",
+    )
 
 
 # --- building and validating -------------------------------------------------------------------
@@ -519,7 +541,11 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(key, f"must be a mapping, got {value!r}")
-        return dict(value)
+        _, value_tp = typing.get_args(tp) or (Any, Any)
+        return {
+            name: _coerce(f"{key}.{name}", value_tp, {} if value_tp is not Any and item is None else item)
+            for name, item in value.items()
+        }
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(key, f"must be true or false, got {value!r}")
@@ -626,6 +652,7 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 def _check_cross_field(config: TrainConfig) -> None:
     _check_registered_names(config)
     _check_needs(config)
+    _check_policies(config)
     if len(config.trainer.betas) != 2:
         raise ConfigError("trainer.betas", f"must hold two numbers, got {config.trainer.betas}")
     batch = config.trainer.tasks_per_step * config.rollout.n
@@ -681,6 +708,46 @@ def _check_cross_field(config: TrainConfig) -> None:
             "corrects the learner's old log-probs against the sampler's, but algorithm.old_logprobs: "
             "sampler makes them the same (every weight 1): use old_logprobs: learner",
         )
+
+
+def _check_policies(config: TrainConfig) -> None:
+    """``policies`` / ``roles``: what several policies in one run need, and what they do not have yet."""
+    if not config.policies:
+        if config.roles:
+            raise ConfigError("roles", "maps roles to policies, but no policies are configured: add policies")
+        return
+    for role, policy in config.roles.items():
+        if policy not in config.policies:
+            raise ConfigError(
+                f"roles.{role}", f"names policy {policy!r}, which is not in policies {sorted(config.policies)}"
+            )
+    trained = [name for name, policy in config.policies.items() if not policy.frozen]
+    if not trained:
+        raise ConfigError("policies", "every policy is frozen: nothing would train")
+    for name, policy in config.policies.items():
+        if policy.frozen and policy.lr is not None:
+            raise ConfigError(f"policies.{name}.lr", "a frozen policy has no optimizer: remove lr")
+        if name == "__base__" or not name.isidentifier():
+            raise ConfigError(f"policies.{name}", "a policy name must be an identifier (it names an adapter)")
+    if config.model.lora.rank <= 0:
+        raise ConfigError(
+            "model.lora.rank",
+            "each trained policy is a LoRA adapter on the shared base: set model.lora.rank (e.g. 8)",
+        )
+    unsupported = (
+        ("distributed.backend", config.distributed.backend != "none", "runs in one process for now"),
+        ("rollout.engine", config.rollout.engine != "hf", "is served by the HF engine for now"),
+        ("rollout.share_model", not config.rollout.share_model, "share the base with the engine for now"),
+        ("trainer.mode", config.trainer.mode != "sync", "trains in sync mode for now"),
+        ("algorithm.advantage.name", _needs_critic(config), "has no critic per policy yet"),
+    )
+    for key, refused, why in unsupported:
+        if refused:
+            raise ConfigError(key, f"several policies (policies: {sorted(config.policies)}) {why}")
+
+
+def _needs_critic(config: TrainConfig) -> bool:
+    return ADVANTAGE_ESTIMATORS.needs(config.algorithm.advantage.name).critic is not None
 
 
 def _check_distill(algo: AlgorithmConfig) -> None:

@@ -65,9 +65,11 @@ MASKABLE_KERNELS = ("sdpa", "eager")
 """Attention kernels that accept an arbitrary 4D mask, i.e. can run prefix trees."""
 
 
-def load_policy(config: ModelConfig, *, path: str | None = None):
+def load_policy(config: ModelConfig, *, path: str | None = None, adapters: Sequence[str] = ()):
     """Load the policy from ``config.path`` (or ``path``) with ``config.attn_implementation``, apply LoRA
-    and gradient checkpointing (on the CPU: the caller moves it to ``model.device``)."""
+    and gradient checkpointing (on the CPU: the caller moves it to ``model.device``). ``adapters``:
+    the names of several LoRA adapters (one per trained policy, ``agent_r1.train.policies``), the
+    first active; default one adapter, peft's ``default``."""
     from transformers import AutoModelForCausalLM
 
     from agent_r1.models.loading import enable_checkpointing, model_not_found_as_error, quiet_progress_bars
@@ -83,16 +85,18 @@ def load_policy(config: ModelConfig, *, path: str | None = None):
         with warnings.catch_warnings():
             # peft reads transformers' deprecated alias; the warning is theirs, printed on every run
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=config.lora.rank,
-                    lora_alpha=config.lora.alpha,
-                    lora_dropout=config.lora.dropout,
-                    target_modules=list(config.lora.target_modules),
-                    task_type="CAUSAL_LM",
-                ),
+            lora = LoraConfig(
+                r=config.lora.rank,
+                lora_alpha=config.lora.alpha,
+                lora_dropout=config.lora.dropout,
+                target_modules=list(config.lora.target_modules),
+                task_type="CAUSAL_LM",
             )
+            first, *others = adapters or ("default",)
+            model = get_peft_model(model, lora, adapter_name=first)
+            for name in others:
+                model.add_adapter(name, lora)
+            model.set_adapter(first)
     if config.gradient_checkpointing:
         enable_checkpointing(model)
         if config.lora.rank > 0:
@@ -284,7 +288,8 @@ class Learner:
     """Owns a model's optimizer and schedule; computes its per-token outputs and applies updates.
 
     ``reference``: a frozen reference model, or None (with LoRA the reference is the adapter-disabled
-    policy and needs no second model). ``forward``: what the model computes per scored token,
+    policy and needs no second model). ``parameters``: what the optimizer trains (default every
+    parameter that requires a gradient; one policy's adapter, ``agent_r1.train.policies``). ``forward``: what the model computes per scored token,
     ``micro_batch_logprobs`` (the policy, default) or ``agent_r1.train.critic.micro_batch_values``
     (a critic; ``logprobs`` then returns values and the token loss receives them).
     """
@@ -299,6 +304,7 @@ class Learner:
         reference=None,
         forward: Forward | None = None,
         sync: GradientSync | None = None,
+        parameters: Sequence[torch.nn.Parameter] | None = None,
     ) -> None:
         self.model = model
         self.forward = forward or micro_batch_logprobs
@@ -307,7 +313,9 @@ class Learner:
         self.temperature = temperature
         self.reference = reference
         self.is_lora = hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = (
+            list(parameters) if parameters is not None else [p for p in model.parameters() if p.requires_grad]
+        )
         self.optimizer = torch.optim.AdamW(
             params, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay
         )

@@ -17,7 +17,8 @@ In order, each failure one of ``PREFLIGHT_ERRORS`` naming the key, the file and 
    ``required_fields``, and no field the env does not read (its ``task_fields``);
 6. the env built with the tokenizer and reset on the first row of ``data.train`` and of
    ``data.val``, and the first prompt rendered to token ids (an env whose ``reset`` runs the model,
-   ``reset_calls_policy``, is built but not reset).
+   ``reset_calls_policy``, is built but not reset); with several policies, the role of that first
+   prompt is played by one of them.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ async def _reset_once(env, row: dict[str, Any], tokenizer, where: str, config: T
         observation = await env.reset(row)
         if isinstance(observation, StepResult):  # the episode ended before the first action
             return 0
-        return len(observation_ids(observation, tokenizer))
+        n_prompt = len(observation_ids(observation, tokenizer))
     except Exception as error:
         raise DataError(
             f"{where}{ident}: env {config.env.name!r} (env.kwargs {sorted(config.env.kwargs)}) could not "
@@ -138,6 +139,14 @@ async def _reset_once(env, row: dict[str, Any], tokenizer, where: str, config: T
     finally:
         with contextlib.suppress(Exception):  # a failing close must not hide the reset's error
             await env.close()
+    if config.policies:  # the first role to act is played by a configured policy
+        from agent_r1.train.policies import policy_of
+
+        try:
+            policy_of(config, observation.role)
+        except ConfigError as error:
+            raise ConfigError(error.key, f"{where}{ident}: {error.why}") from None
+    return n_prompt
 
 
 PREFLIGHT_ERRORS = (ConfigError, DataError, ModelNotFoundError, NoChatTemplateError)

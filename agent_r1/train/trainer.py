@@ -3,6 +3,9 @@
     sample tasks -> rollout -> score -> filter -> batch -> old log-probs -> reference -> values
     -> advantages -> teacher -> update -> sync weights -> log / eval / checkpoint
 
+With several policies (``policies:``, ``agent_r1.train.policies``) the steps from batch to update run
+once per trained policy, on the groups of the roles it plays.
+
 The phases after the batch are units ``(batch, context) -> (batch, metrics)`` that live with what
 they serve (``agent_r1.train.phases.LEARNING_PHASES``); the trainer sequences and times them and
 holds no algorithm code. Which rollout a step trains on and when the engine takes new weights (sync
@@ -59,7 +62,7 @@ from typing import Any
 
 import torch
 
-from agent_r1.flows.base import AgentFlow
+from agent_r1.flows.base import AgentFlow, split_roles
 from agent_r1.report.annotate import annotate
 from agent_r1.report.html import write_finished_report
 from agent_r1.train.backends import BackendParts, backend_config, make_backends
@@ -78,6 +81,7 @@ from agent_r1.train.evaluation import evaluate_rollouts
 from agent_r1.train.health import ZeroVarianceWatch, error_budget
 from agent_r1.train.learner import TokenLoss
 from agent_r1.train.phases import LEARNING_PHASES, StepContext
+from agent_r1.train.policies import by_policy, prefixed, role_metrics
 from agent_r1.train.preemption import Preempted, PreemptionGuard, StopSampling
 from agent_r1.train.process import apply_process_settings
 from agent_r1.train.progress import progress_bar
@@ -257,16 +261,18 @@ class Trainer:
         with timer("step"):
             tasks = self.sampler.batch(step)
             groups, kept, span, metrics = self.collect_groups(tasks, step, timer)
-            batch = None
+            batches = []
             learn_start = time.time()
-            if kept:
+            for policy, policy_groups in by_policy(self.config, kept):  # one policy: (None, kept)
                 with timer("batch"):
-                    batch = self.batch(kept, step)
-                context = self.context(step)
+                    batch = self.batch(policy_groups, step)
+                context = self.context(step, policy)
                 for name, phase in LEARNING_PHASES:
                     with timer(name):
                         batch, phase_metrics = phase(batch, context)
-                    metrics.update(phase_metrics)
+                    metrics.update(prefixed(phase_metrics, policy))
+                batches.append(batch)
+            if batches:
                 with timer("sync"):
                     self.rollouts.wake()
                     self.schedule.new_version()
@@ -276,7 +282,7 @@ class Trainer:
             metrics.update(self.rollouts.metrics())
             metrics.update(self.learner.metrics())
         if self.config.logging.dump_trajectories and self.run_dir is not None:
-            self.run_dir.dump_trajectories(step, self.annotate(groups, batch))
+            self.run_dir.dump_trajectories(step, self.annotate(groups, batches))
         metrics.update(timer.seconds)
         metrics["throughput/tokens_per_s"] = metrics["throughput/sampled_tokens"] / max(
             timer.seconds["time/step"], 1e-9
@@ -294,7 +300,7 @@ class Trainer:
             with timer("rollout"):
                 rollout = self._rollout(extra, step, resample=rounds)
             with timer("score"):
-                more = self.score(rollout.groups, extra)
+                more = self.score(split_roles(rollout.groups), extra)  # groups are (task, role)
             with timer("filter"):
                 more_kept, more_metrics = self.filter(more)
             if not rounds:
@@ -307,7 +313,7 @@ class Trainer:
             filter_metrics["filter/resample_rounds"] = float(rounds - 1)
             filter_metrics["filter/kept_groups"] = float(len(kept))
         summary = summarize_rollout(groups, self.schedule.policy_version)
-        metrics = {**summary.metrics, **filter_metrics}
+        metrics = {**summary.metrics, **role_metrics(groups, self.schedule.policy_version), **filter_metrics}
         self.check_health(summary, groups, step)
         warning = self.zero_variance.observe(
             step,
@@ -354,11 +360,12 @@ class Trainer:
             step=step,
         )
 
-    def context(self, step: int) -> StepContext:
-        """What the learning phases 6-10 (``agent_r1.train.phases``) of ``step`` read besides the batch."""
+    def context(self, step: int, policy: str | None = None) -> StepContext:
+        """What the learning phases 6-10 (``agent_r1.train.phases``) of ``step`` read besides the batch,
+        for ``policy`` (``agent_r1.train.policies``; None: the run's one policy)."""
         return StepContext(
             self.config,
-            self.learner,
+            self.learner if policy is None else self.learner.for_policy(policy),
             self.rollouts,
             step,
             self.objective,
@@ -384,7 +391,7 @@ class Trainer:
         if halt is None:
             return
         if dump:
-            self.run_dir.dump_trajectories(step, self.annotate(groups, None))
+            self.run_dir.dump_trajectories(step, self.annotate(groups, []))
         raise halt
 
     def evaluate(self) -> dict[str, float]:
@@ -398,13 +405,15 @@ class Trainer:
             self.rollouts, self.val_tasks, self.config, self.step, reward_fn=self.reward_fn
         )
 
-    def annotate(self, groups, batch: TrainBatch | None) -> list:
-        """The step's trajectories with the viewer's keys (``agent_r1.report.annotate``)."""
-        advantage_of = None
-        if batch is not None and batch.tokens.advantages is not None:
-            means = batch.step_means(batch.tokens.advantages)
-            advantage_of = {id(s): v for s, v in zip(batch.rows.steps, means, strict=True)}
-        return annotate(groups, self.tokenizer, trajectory_success, advantage_of)
+    def annotate(self, groups, batches: Sequence[TrainBatch]) -> list:
+        """The step's trajectories with the viewer's keys (``agent_r1.report.annotate``), with the
+        advantages of the batches trained (one per policy)."""
+        advantage_of = {}
+        for batch in batches:
+            if batch.tokens.advantages is not None:
+                means = batch.step_means(batch.tokens.advantages)
+                advantage_of.update({id(s): v for s, v in zip(batch.rows.steps, means, strict=True)})
+        return annotate(groups, self.tokenizer, trajectory_success, advantage_of or None)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -1,0 +1,173 @@
+"""Several policies in one run (docs/multi_agent.md): roles as data that the learning phases loop over.
+
+A *role* is who acts in an episode (``Observation.role``: a planner, a seat of a game); a *policy* is
+what plays it and trains from it (``policies:`` in the config, ``roles:`` maps roles to policies, a
+role not listed is played by the policy of its own name). Each trained policy is a LoRA adapter of its
+name on the one shared base model (``load_policy(..., adapters=trained_policies(config))``), with
+its own optimizer and schedule; a frozen policy is the base
+model with every adapter off.
+
+- Sampling: the HF engine serves every role in one batch (``HFEngine(roles=...)``, from
+  ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter.
+- Credit: groups are (task, role) (``agent_r1.flows.base.split_roles``), so each role's baseline
+  compares it with its own samples.
+- Learning: the kept groups are split by the policy that plays their role (``by_policy``); each
+  trained policy's groups make its own batch, and the learning phases run on it with that policy's
+  learner (``LocalLearner.for_policy``: its adapter active, its optimizer), so that every policy
+  updates from its own steps in the same train step. Frozen policies' groups are not trained.
+- Metrics: the rollout's means per role (``role/<role>/...``) and each policy's learning phases'
+  metrics (``policy/<name>/...``).
+
+Without ``policies`` there is one policy: every group trains it, and the metrics are today's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from agent_r1.train.config import ConfigError, TrainConfig
+from agent_r1.types import TrajectoryGroup
+
+__all__ = [
+    "AdapterLearner",
+    "PolicyLearners",
+    "adapter_parameters",
+    "by_policy",
+    "engine_roles",
+    "policy_of",
+    "role_metrics",
+    "trained_policies",
+]
+
+
+def trained_policies(config: TrainConfig) -> list[str]:
+    """The policies that train (not frozen), in the config's order."""
+    return [name for name, policy in config.policies.items() if not policy.frozen]
+
+
+def policy_of(config: TrainConfig, role: str | None) -> str | None:
+    """The policy that plays ``role``: ``roles[role]``, else the policy of that name; None when the
+    run has one policy. Raises ``ConfigError`` for a role that no policy plays."""
+    if not config.policies:
+        return None
+    name = config.roles.get(role, role) if role is not None else None
+    if name not in config.policies:
+        raise ConfigError(
+            "roles",
+            f"role {role!r} acted, but no policy plays it: add it to roles (role -> policy) or name a "
+            f"policy after it; policies: {sorted(config.policies)}, roles: {dict(config.roles)}",
+        )
+    return name
+
+
+def engine_roles(config: TrainConfig) -> dict[str, str | None] | None:
+    """What the engine serves: role -> adapter name (None: the base model, adapters off), for every
+    policy by its own name and every role in ``roles``; None with one policy."""
+    if not config.policies:
+        return None
+    adapter = {name: None if policy.frozen else name for name, policy in config.policies.items()}
+    return {**adapter, **{role: adapter[policy] for role, policy in config.roles.items()}}
+
+
+def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:
+    """The parameters of ``adapter`` (peft names them ``...lora_A.<adapter>.weight``)."""
+    params = [p for name, p in model.named_parameters() if "lora_" in name and f".{adapter}." in name]
+    if not params:
+        raise ValueError(f"the model has no LoRA adapter named {adapter!r}")
+    return params
+
+
+@contextlib.contextmanager
+def active_adapter(model, adapter: str) -> Iterator[None]:
+    """``adapter`` active (and alone trainable) inside; the previously active one restored after."""
+    before = model.active_adapter
+    model.set_adapter(adapter)
+    try:
+        yield
+    finally:
+        model.set_adapter(before)
+
+
+class AdapterLearner:
+    """A policy's ``Learner`` with its adapter active around each of its calls."""
+
+    def __init__(self, learner, adapter: str) -> None:
+        self.learner, self.adapter = learner, adapter
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.learner, name)
+
+    def logprobs(self, micro_batches, num_tokens: int, *, reference: bool = False):
+        with active_adapter(self.learner.model, self.adapter):
+            return self.learner.logprobs(micro_batches, num_tokens, reference=reference)
+
+    def update(self, mini_batch, token_loss, *, with_entropy: bool = False) -> dict[str, float]:
+        with active_adapter(self.learner.model, self.adapter):
+            return self.learner.update(mini_batch, token_loss, with_entropy=with_entropy)
+
+
+class PolicyLearners:
+    """Every trained policy's ``Learner`` over one shared model: what a checkpoint saves and loads
+    (``state_dict``: each policy's optimizer and schedule by name). ``of(name)`` is one policy's."""
+
+    def __init__(self, learners: Mapping[str, Any]) -> None:
+        self.learners = dict(learners)
+        first = next(iter(self.learners.values()))
+        self.model, self.sync = first.model, first.sync
+
+    def of(self, name: str) -> AdapterLearner:
+        return AdapterLearner(self.learners[name], name)
+
+    def state_dict(self) -> dict:
+        return {"policies": {name: learner.state_dict() for name, learner in self.learners.items()}}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        saved = state.get("policies", {})
+        if set(saved) != set(self.learners):
+            raise ValueError(
+                f"the checkpoint holds the policies {sorted(saved)}, this run trains {sorted(self.learners)}"
+            )
+        for name, learner in self.learners.items():
+            learner.load_state_dict(saved[name])
+
+    def logprobs(self, *args, **kwargs):
+        raise TypeError("several policies: call PolicyLearners.of(name).logprobs")
+
+    update = logprobs
+
+
+def by_policy(config: TrainConfig, groups: Sequence[TrajectoryGroup]) -> list[tuple[str | None, list]]:
+    """The kept groups of each trained policy (in the config's order), by the policy that plays each
+    group's role; ``[(None, groups)]`` with one policy. Frozen policies' groups are left out."""
+    if not config.policies:
+        return [(None, list(groups))]
+    split: dict[str, list[TrajectoryGroup]] = {name: [] for name in trained_policies(config)}
+    for group in groups:
+        name = policy_of(config, group.role)
+        if name in split:
+            split[name].append(group)
+    return [(name, kept) for name, kept in split.items() if kept]
+
+
+def prefixed(metrics: Mapping[str, float], policy: str | None) -> dict[str, float]:
+    """A policy's learning metrics under ``policy/<name>/``; unchanged with one policy."""
+    if policy is None:
+        return dict(metrics)
+    return {f"policy/{policy}/{name}": value for name, value in metrics.items()}
+
+
+def role_metrics(groups: Sequence[TrajectoryGroup], policy_version: int) -> dict[str, float]:
+    """The rollout's means per role (reward, success, tokens...: ``summarize_rollout``) under
+    ``role/<role>/``; nothing when no group has a role."""
+    from agent_r1.train.summary import summarize_rollout
+
+    roles = list(dict.fromkeys(g.role for g in groups if g.role is not None))
+    out: dict[str, float] = {}
+    for role in roles:
+        summary = summarize_rollout([g for g in groups if g.role == role], policy_version)
+        out.update({f"role/{role}/{name}": value for name, value in summary.metrics.items()})
+    return out

@@ -1,0 +1,226 @@
+"""Several policies in one run (issue 50): roles as data from the env to the learner.
+
+The flow splits an episode of several roles into one trajectory per role; groups are (task, role);
+each trained policy (a LoRA adapter on one shared base) updates from its own roles' steps only, with
+its own optimizer; checkpoints hold every policy and resume them; a frozen policy never moves."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from agent_r1.flows.base import AgentEnvLoop, by_role, rollout_group, split_roles
+from agent_r1.train.config import ConfigError, config_from_dict
+from agent_r1.train.policies import by_policy, engine_roles, policy_of
+from agent_r1.train.trainer import Trainer
+from agent_r1.types import (
+    Completion,
+    Observation,
+    SamplingParams,
+    Step,
+    StepResult,
+    StopReason,
+    Trajectory,
+    TrajectoryGroup,
+    TrajectoryStatus,
+)
+from trainer_envs import LowHighEnv
+
+
+def tasks(n: int) -> list[dict]:
+    return [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(n)]
+
+
+class RecordingEngine:
+    """Test double: answers every request with token 65 ("A") and records each request's role."""
+
+    def __init__(self) -> None:
+        self.roles: list[str | None] = []
+
+    async def generate(self, prompt_ids, params: SamplingParams) -> Completion:
+        self.roles.append(params.role)
+        return Completion((65, 66), (-0.5, -0.5), StopReason.STOP)
+
+    def update_weights(self, named_tensors, version=None) -> None:
+        pass
+
+
+def test_an_episode_of_two_roles_is_one_trajectory_per_role(tiny_tokenizer):
+    engine = RecordingEngine()
+    flow = AgentEnvLoop(lambda: LowHighEnv(tiny_tokenizer), tiny_tokenizer, SamplingParams(max_tokens=2))
+    group = asyncio.run(rollout_group(flow, engine, {"id": "t0", "prompt": "hi"}, 2, "0:t0"))
+    assert sorted(engine.roles) == ["high", "high", "low", "low"]  # each request sampled by its role
+    assert [t.role for t in group.trajectories] == ["low", "high", "low", "high"]
+    assert [len(t.steps) for t in group.trajectories] == [1, 1, 1, 1]
+    low, high = group.trajectories[:2]
+    assert low.total_reward == 1.0 and high.total_reward == 0.0  # ids 65, 66: both below 128
+    assert low.info["episode"] == high.info["episode"] == "0:t0/0"
+    assert group.trajectories[2].info["episode"] == "0:t0/1"
+    split = split_roles([group])
+    assert [(g.group_id, g.role, len(g.trajectories)) for g in split] == [
+        ("0:t0@low", "low", 2),
+        ("0:t0@high", "high", 2),
+    ]
+    assert all(t.group_id == g.group_id for g in split for t in g.trajectories)
+
+
+def _step(reward: float = 0.0) -> Step:
+    return Step((1,), (2,), (-0.1,), reward=reward)
+
+
+def test_by_role_outcomes_and_refusals():
+    episode = Trajectory("t", ())
+    one = by_role(episode, [_step(), _step()], [None, None], 1.0)
+    assert isinstance(one, Trajectory) and len(one.steps) == 2 and one.outcome_reward == 1.0
+    a, b = by_role(episode, [_step(), _step(), _step()], ["a", "b", "a"], {"a": 1.0, "b": -1.0})
+    assert (a.role, len(a.steps), a.outcome_reward) == ("a", 2, 1.0)
+    assert (b.role, len(b.steps), b.outcome_reward) == ("b", 1, -1.0)
+    team = by_role(episode, [_step(), _step()], ["a", "b"], 0.5)
+    assert [t.outcome_reward for t in team] == [0.5, 0.5]  # a float is every role's outcome
+    # a role the outcome names but that never acted gets no trajectory: it took no step
+    (only,) = by_role(episode, [_step()], ["a"], {"a": 1.0, "b": -1.0})
+    assert only.role == "a"
+    with pytest.raises(ValueError, match="no reward for role 'b'"):
+        by_role(episode, [_step(), _step()], ["a", "b"], {"a": 1.0})
+    with pytest.raises(ValueError, match="mixed observations with and without a role"):
+        by_role(episode, [_step(), _step()], ["a", None], 1.0)
+
+
+def test_roles_are_checked_where_they_are_declared():
+    with pytest.raises(TypeError, match="Observation.role"):
+        Observation(text="x", role="")
+    with pytest.raises(TypeError, match="outcome_reward"):
+        StepResult(None, terminated=True, outcome_reward={"a": "win"})
+    t = Trajectory("t", (), role="a", info={"episode": "g/0"})
+    assert Trajectory.from_dict(t.to_dict()) == t
+    assert "role" not in Trajectory("t", ()).to_dict()  # one-role dumps are unchanged
+    g = TrajectoryGroup("g@a", "t", (t,), role="a")
+    assert TrajectoryGroup.from_dict(g.to_dict()) == g
+
+
+def test_an_error_before_any_role_acted_is_counted_once():
+    error = Trajectory("t", (), status=TrajectoryStatus.ERROR, error="boom")
+    group = TrajectoryGroup("0", "t", (Trajectory("t", (_step(),), role="a"), Trajectory("t", (_step(),), role="b"), error))
+    a, b = split_roles([group])
+    assert [t.status for t in a.trajectories] == [TrajectoryStatus.OK, TrajectoryStatus.ERROR]
+    assert [t.status for t in b.trajectories] == [TrajectoryStatus.OK]
+
+
+# ---------------------------------------------------------------------------------- config
+
+
+def _policies_config(tiny_checkpoint, run_dir, **sections):
+    data = {
+        "model": {"path": str(tiny_checkpoint), "lora": {"rank": 4, "alpha": 8}},
+        "env": {"name": "trainer_envs:LowHighEnv"},
+        "rollout": {"n": 4, "max_tokens": 8, "max_steps": 2},
+        "trainer": {
+            "steps": 3,
+            "tasks_per_step": 2,
+            "lr": 1e-2,
+            "run_dir": str(run_dir),
+            "eval_every": 0,
+            "mini_batches": 1,
+            "checkpoint_every": 2,
+        },
+        "logging": {"progress": False, "tensorboard": False},
+        "policies": {"low": {}, "high": {}},
+    }
+    for section, values in sections.items():
+        data[section] = values if section in ("policies", "roles") else {**data.get(section, {}), **values}
+    return config_from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "words"),
+    [
+        ({"roles": {"seat": "nobody"}}, "roles.seat", "not in policies"),
+        ({"model": {"lora": {"rank": 0}}}, "model.lora.rank", "LoRA adapter on the shared base"),
+        ({"policies": {"low": {"frozen": True, "lr": 1e-3}, "high": {}}}, "policies.low.lr", "no optimizer"),
+        ({"policies": {"low": {"frozen": True}}}, "policies", "every policy is frozen"),
+        ({"distributed": {"backend": "ray"}}, "distributed.backend", "one process"),
+        ({"rollout": {"share_model": False}}, "rollout.share_model", "share the base"),
+    ],
+)
+def test_bad_policies_are_refused_by_key(tiny_checkpoint, tmp_path, change, key, words):
+    sections = dict(change)
+    if "model" in sections:
+        sections["model"] = {"path": str(tiny_checkpoint), **sections["model"]}
+    with pytest.raises(ConfigError, match=words) as error:
+        _policies_config(tiny_checkpoint, tmp_path, **sections)
+    assert error.value.key == key
+
+
+def test_roles_map_to_policies(tiny_checkpoint, tmp_path):
+    config = _policies_config(
+        tiny_checkpoint,
+        tmp_path,
+        policies={"shared": {}, "fixed": {"frozen": True}},
+        roles={"player_0": "shared", "player_1": "shared", "opponent": "fixed"},
+    )
+    assert policy_of(config, "player_1") == "shared" and policy_of(config, "shared") == "shared"
+    assert engine_roles(config) == {
+        "shared": "shared",
+        "fixed": None,
+        "player_0": "shared",
+        "player_1": "shared",
+        "opponent": None,
+    }
+    with pytest.raises(ConfigError, match="role 'stranger' acted, but no policy plays it"):
+        policy_of(config, "stranger")
+    groups = [TrajectoryGroup(f"0@{r}", "t", (), role=r) for r in ("player_0", "opponent", "player_1")]
+    # one batch for the shared policy from both seats' groups; the frozen opponent's is not trained
+    assert [(name, [g.role for g in kept]) for name, kept in by_policy(config, groups)] == [
+        ("shared", ["player_0", "player_1"])
+    ]
+
+
+# ---------------------------------------------------------------------------------- training
+
+
+def _adapter(model, name: str) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if f".{name}." in n and "lora_" in n}
+
+
+def test_each_policy_learns_from_its_own_role_and_resumes(tiny_checkpoint, tmp_path):
+    config = _policies_config(tiny_checkpoint, tmp_path / "run")
+    trainer = Trainer(config, train_tasks=tasks(4))
+    low0, high0 = _adapter(trainer.model, "low"), _adapter(trainer.model, "high")
+    metrics = trainer.fit()
+    for role in ("low", "high"):
+        assert f"role/{role}/reward/mean" in metrics
+        assert f"policy/{role}/loss/policy" in metrics and f"policy/{role}/grad_norm" in metrics
+    low, high = _adapter(trainer.model, "low"), _adapter(trainer.model, "high")
+    assert any(not torch.equal(low[n], low0[n]) for n in low)
+    assert any(not torch.equal(high[n], high0[n]) for n in high)
+    # the two adapters moved apart: each learned from its own role's steps
+    assert any(
+        not torch.equal(low[n], high[n.replace(".low.", ".high.")]) for n in low if "lora_B" in n
+    )
+    # every policy's weights and optimizer state are in the checkpoint, and a resume restores them
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000003"
+    assert (checkpoint / "model" / "low").is_dir() and (checkpoint / "model" / "high").is_dir()
+    resumed = Trainer(config, train_tasks=tasks(4), resume=True)
+    resumed._restore()
+    for name, value in {**low, **high}.items():
+        assert torch.equal(dict(resumed.model.named_parameters())[name].detach(), value), name
+    for name in ("low", "high"):
+        saved = trainer.learner.policy.learners[name].state_dict()
+        loaded = resumed.learner.policy.learners[name].state_dict()
+        assert saved["optimizer_steps"] == loaded["optimizer_steps"] == 3
+        for key, state in saved["optimizer"]["state"].items():
+            assert torch.equal(state["exp_avg"], loaded["optimizer"]["state"][key]["exp_avg"])
+    resumed.close()
+
+
+def test_a_frozen_policy_plays_but_never_moves(tiny_checkpoint, tmp_path):
+    config = _policies_config(
+        tiny_checkpoint, tmp_path / "run", policies={"low": {}, "high": {"frozen": True}}
+    )
+    trainer = Trainer(config, train_tasks=tasks(4))
+    assert set(trainer.model.peft_config) == {"low"}  # a frozen policy is the base: no adapter
+    metrics = trainer.fit()
+    assert "role/high/reward/mean" in metrics  # it played
+    assert "policy/low/loss/policy" in metrics and not any(k.startswith("policy/high/") for k in metrics)

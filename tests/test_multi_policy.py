@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 import torch
+from trainer_envs import LowHighEnv
 
 from agent_r1.flows.base import AgentEnvLoop, by_role, rollout_group, split_roles
 from agent_r1.train.config import ConfigError, config_from_dict
@@ -26,7 +27,6 @@ from agent_r1.types import (
     TrajectoryGroup,
     TrajectoryStatus,
 )
-from trainer_envs import LowHighEnv
 
 
 def tasks(n: int) -> list[dict]:
@@ -102,7 +102,9 @@ def test_roles_are_checked_where_they_are_declared():
 
 def test_an_error_before_any_role_acted_is_counted_once():
     error = Trajectory("t", (), status=TrajectoryStatus.ERROR, error="boom")
-    group = TrajectoryGroup("0", "t", (Trajectory("t", (_step(),), role="a"), Trajectory("t", (_step(),), role="b"), error))
+    group = TrajectoryGroup(
+        "0", "t", (Trajectory("t", (_step(),), role="a"), Trajectory("t", (_step(),), role="b"), error)
+    )
     a, b = split_roles([group])
     assert [t.status for t in a.trajectories] == [TrajectoryStatus.OK, TrajectoryStatus.ERROR]
     assert [t.status for t in b.trajectories] == [TrajectoryStatus.OK]
@@ -196,9 +198,7 @@ def test_each_policy_learns_from_its_own_role_and_resumes(tiny_checkpoint, tmp_p
     assert any(not torch.equal(low[n], low0[n]) for n in low)
     assert any(not torch.equal(high[n], high0[n]) for n in high)
     # the two adapters moved apart: each learned from its own role's steps
-    assert any(
-        not torch.equal(low[n], high[n.replace(".low.", ".high.")]) for n in low if "lora_B" in n
-    )
+    assert any(not torch.equal(low[n], high[n.replace(".low.", ".high.")]) for n in low if "lora_B" in n)
     # every policy's weights and optimizer state are in the checkpoint, and a resume restores them
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000003"
     assert (checkpoint / "model" / "low").is_dir() and (checkpoint / "model" / "high").is_dir()

@@ -935,3 +935,68 @@ def test_a_finished_run_whose_report_cannot_be_written_logs_it_and_keeps_the_run
     with caplog.at_level("WARNING", logger="agent_r1.report.html"):
         assert write_finished_report(missing) is None
     assert f"could not write {missing}/report.html" in caplog.text
+
+
+@pytest.mark.browser
+def test_the_roles_of_one_episode_side_by_side_in_chromium(tmp_path, tiny_tokenizer):
+    """Several roles (issue 50): each trajectory names its role, and the seats of one game open side by
+    side from either of them."""
+    from agent_r1.report.annotate import annotate
+    from agent_r1.train.run_dir import RunDir  # noqa: F401 - the dump format is RunDir's
+    from agent_r1.types import Step, Trajectory, TrajectoryGroup, write_jsonl
+
+    sync_playwright = _playwright()
+    run = tmp_path / "run"
+    (run / "trajectories").mkdir(parents=True)
+    (run / "config.yaml").write_text("model:\n  path: tiny\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "time": 1.0, "reward/mean": 0.0}) + "\n")
+    ids = tiny_tokenizer.encode("X wins", add_special_tokens=False)
+
+    def seat(role: str, reward: float, game: str) -> Trajectory:
+        step = Step(tuple(ids), tuple(ids), (-0.1,) * len(ids))
+        return Trajectory(
+            "ttt/s0",
+            (step,),
+            group_id=f"0:ttt@{role}",
+            outcome_reward=reward,
+            role=role,
+            info={"episode": game},
+        )
+
+    groups = [
+        TrajectoryGroup(
+            "0:ttt@player_0",
+            "ttt/s0",
+            (seat("player_0", 1.0, "g/0"), seat("player_0", -1.0, "g/1")),
+            role="player_0",
+        ),
+        TrajectoryGroup(
+            "0:ttt@player_1",
+            "ttt/s0",
+            (seat("player_1", -1.0, "g/0"), seat("player_1", 1.0, "g/1")),
+            role="player_1",
+        ),
+    ]
+    write_jsonl(
+        run / "trajectories" / "step_000001.jsonl",
+        annotate(groups, tiny_tokenizer, lambda t: t.outcome_reward > 0),
+    )
+    report = write_report(run, tmp_path / "report.html")
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(report.as_uri())
+            page.wait_for_selector(".traj-item")
+            assert "role player_0" in page.locator(".traj-item").first.inner_text()
+            page.locator(".traj-item").first.click()
+            assert "role player_0" in page.locator(".traj-head h3").inner_text()
+            page.click(".episode-btn")
+            heads = page.locator(".compare .member-head").all_inner_texts()
+            assert len(heads) == 2 and "role player_0" in heads[0] and "role player_1" in heads[1]
+            assert "Episode g/0" in page.locator(".traj-head h3").inner_text()
+        finally:
+            browser.close()
+    assert not problems, problems

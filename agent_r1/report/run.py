@@ -419,6 +419,10 @@ def trajectory_view(trajectory: Trajectory, train_step: int, index: int) -> dict
         "train_step": train_step,
         "task_id": trajectory.task_id,
         "group_id": trajectory.group_id,
+        "role": trajectory.role,
+        "episode": trajectory.info.get("episode")
+        if isinstance(trajectory.info.get("episode"), str)
+        else None,
         "status": trajectory.status.value,
         "error": trajectory.error,
         "success": success,

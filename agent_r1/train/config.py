@@ -467,8 +467,7 @@ class DistributedConfig:
 class PolicyConfig:
     frozen: bool = _opt(
         False,
-        "Not trained: the base model with every adapter off, sampled as it is (a fixed partner or "
-        "opponent).",
+        "Not trained: the base model with every adapter off, sampled as it is (a fixed partner or opponent).",
     )
     lr: float | None = _opt(None, "This policy's learning rate; default trainer.lr.", _optional(_positive))
 
@@ -719,7 +718,8 @@ def _check_policies(config: TrainConfig) -> None:
     for role, policy in config.roles.items():
         if policy not in config.policies:
             raise ConfigError(
-                f"roles.{role}", f"names policy {policy!r}, which is not in policies {sorted(config.policies)}"
+                f"roles.{role}",
+                f"names policy {policy!r}, which is not in policies {sorted(config.policies)}",
             )
     trained = [name for name, policy in config.policies.items() if not policy.frozen]
     if not trained:

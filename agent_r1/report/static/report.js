@@ -289,7 +289,7 @@
   function matches(t) {
     if (state.outcome !== "all" && !t.tags.includes(state.outcome)) return false;
     if (state.step !== "all" && String(t.train_step) !== state.step) return false;
-    if (state.search && !`${t.id} ${t.task_id} ${t.group_id} ${t.reason}`.toLowerCase().includes(state.search.toLowerCase())) return false;
+    if (state.search && !`${t.id} ${t.task_id} ${t.group_id} ${t.role || ""} ${t.reason}`.toLowerCase().includes(state.search.toLowerCase())) return false;
     return true;
   }
 
@@ -411,6 +411,15 @@
     return t.group_id ? TRAJ.filter((u) => u.train_step === t.train_step && u.group_id === t.group_id) : [t];
   }
 
+  // the trajectories of one episode of several roles (the seats of one game), in the order they acted
+  function episodeOf(t) {
+    return t.episode ? TRAJ.filter((u) => u.train_step === t.train_step && u.episode === t.episode) : [t];
+  }
+
+  function roleLabel(t) {
+    return t.role ? ` · role ${t.role}` : "";
+  }
+
   function renderTrajectory(t) {
     const group = groupOf(t);
     const facts = el("div", { class: "facts" },
@@ -421,23 +430,28 @@
       el("span", { text: `training step ${t.train_step}` }),
       t.group_id ? el("span", { text: `group ${t.group_id} (${group.length} members)` }) : null,
       Object.keys(t.info).length ? el("span", { text: `info ${JSON.stringify(t.info)}` }) : null);
-    const head = el("div", { class: "traj-head" }, el("h3", { text: `Task ${t.task_id} · trajectory #${t.id}${sampleLabel(t)}` }),
+    const episode = episodeOf(t);
+    const head = el("div", { class: "traj-head" }, el("h3", { text: `Task ${t.task_id} · trajectory #${t.id}${roleLabel(t)}${sampleLabel(t)}` }),
       el("div", { class: "outcome-line reason", text: t.reason }), facts,
       t.error ? el("pre", { class: "error-text", text: t.error }) : null,
-      group.length > 1 ? el("button", { class: "action compare-btn", onclick: () => { state.compare = true; renderDetail(); },
-        text: `Compare the ${group.length} members of this group side by side` }) : null);
+      group.length > 1 ? el("button", { class: "action compare-btn", onclick: () => { state.compare = "group"; renderDetail(); },
+        text: `Compare the ${group.length} members of this group side by side` }) : null,
+      episode.length > 1 ? el("button", { class: "action episode-btn", onclick: () => { state.compare = "episode"; renderDetail(); },
+        text: `Show the ${episode.length} roles of this episode side by side (${episode.map((u) => u.role).join(", ")})` }) : null);
     return el("div", {}, head, t.steps.map((step, i) => renderStep(t, step, i)));
   }
 
   function renderCompare(t) {
-    const group = groupOf(t);
+    const byEpisode = state.compare === "episode";
+    const group = byEpisode ? episodeOf(t) : groupOf(t);
+    const title = byEpisode ? `Episode ${t.episode}: its roles side by side` : `Group ${t.group_id}`;
     const head = el("div", { class: "traj-head" },
-      el("h3", { text: `Group ${t.group_id} · task ${t.task_id} · training step ${t.train_step}` }),
+      el("h3", { text: `${title} · task ${t.task_id} · training step ${t.train_step}` }),
       el("div", { class: "facts", text: `rewards: ${group.map((u) => fmt(u.total_reward)).join(", ")}` }),
       el("button", { class: "action", onclick: () => { state.compare = false; renderDetail(); }, text: "Back to the trajectory" }));
     const columns = group.map((u) => el("div", { class: "member", "data-id": u.id },
       el("div", { class: "member-head", title: "open this trajectory", onclick: () => select(u.id) },
-        el("b", { text: `#${u.id}` }), " ", outcomeBadges(u),
+        el("b", { text: `#${u.id}${roleLabel(u)}` }), " ", outcomeBadges(u),
         el("div", {}, "total reward ", signed(u.total_reward), ` · ${plural(u.steps.length, "step")}`)),
       u.steps.map((step, i) => el("div", { class: "mini-step" },
         el("div", { class: "label" }, `step ${i + 1} · reward `, signed(step.reward),
@@ -466,7 +480,7 @@
     for (const t of shown) {
       list.append(el("button", { class: `traj-item${t.id === state.selected ? " selected" : ""}`, "data-id": t.id, onclick: () => select(t.id) },
         el("div", { class: "line1" }, el("span", {}, el("b", { text: `#${t.id}` }), ` ${t.task_id}${sampleLabel(t)}`), el("span", {}, outcomeBadges(t))),
-        el("div", { class: "line2", text: `step ${t.train_step}${t.group_id ? ` · ${t.group_id}` : ""} · ${plural(t.steps.length, "step")} · reward ${fmt(t.total_reward)}` }),
+        el("div", { class: "line2", text: `step ${t.train_step}${t.group_id ? ` · ${t.group_id}` : ""}${roleLabel(t)} · ${plural(t.steps.length, "step")} · reward ${fmt(t.total_reward)}` }),
         el("div", { class: "reason", text: t.reason })));
     }
   }

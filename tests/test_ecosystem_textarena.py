@@ -56,7 +56,7 @@ def play(task, moves, policy: LentPolicy | None = None, **kwargs):
 
 
 def last_user(env: TextArenaEnv) -> str:
-    return env._messages[-1]["content"]
+    return env._chats[env.seat][0][-1]["content"]
 
 
 def text(ids) -> str:
@@ -201,6 +201,165 @@ def test_text_mode_shows_the_games_own_wrapper_string_rerendered_each_turn():
     )
     assert message["content"].endswith("Available Moves: '[3]', '[5]', '[6]', '[7]', '[8]'")
     assert len(first.messages) == 1
+
+
+# ---------------------------------------------------------------------------- every seat of one game
+
+# A replayed game: the moves in the order the seats make them (seat 0 first), and every seat's reward.
+GAMES = {
+    "TicTacToe-v0": (["[4]", "[0]", "[2]", "[1]", "[6]"], {"player_0": 1.0, "player_1": -1.0}),
+    "ConnectFour-v0": (
+        ["[col 0]", "[col 1]", "[col 0]", "[col 1]", "[col 0]", "[col 1]", "[col 0]"],
+        {"player_0": 1.0, "player_1": -1.0},
+    ),
+}
+DRAW = ["[4]", "[0]", "[2]", "[6]", "[3]", "[5]", "[1]", "[7]", "[8]"]  # Tic Tac Toe, the board full
+
+
+def play_all_seats(game: str, moves: list[str], **kwargs):
+    """The game of ``moves`` through AgentEnvLoop (every seat played by the scripted engine) as
+    ``rollout_group`` gives it: (the group, the engine)."""
+    from doubles import ScriptedEngine
+
+    from agent_r1.flows import AgentEnvLoop, rollout_group
+    from agent_r1.types import SamplingParams
+
+    engine = ScriptedEngine(TOKENIZER, moves)
+    factory = functools.partial(TextArenaEnv, TOKENIZER, game=game, seats="all", **kwargs)
+    flow = AgentEnvLoop(factory, TOKENIZER, SamplingParams(max_tokens=8), max_steps=16)
+    group = asyncio.run(rollout_group(flow, engine, {"id": "t", "seed": 0}, 1, "g"))
+    return group, engine
+
+
+@pytest.mark.parametrize("game", sorted(GAMES))
+def test_one_game_gives_each_seat_its_own_trajectory_role_and_reward(game):
+    from agent_r1.flows import split_roles
+
+    moves, rewards = GAMES[game]
+    group, engine = play_all_seats(game, moves)
+    player_0, player_1 = group.trajectories
+    assert [t.role for t in group.trajectories] == ["player_0", "player_1"]
+    # The seats alternate as in the game, each move is in exactly one trajectory, each sampled with
+    # its seat's role.
+    assert [s.response_text.removesuffix(EOS) for s in player_0.steps] == moves[::2]
+    assert [s.response_text.removesuffix(EOS) for s in player_1.steps] == moves[1::2]
+    assert [params.role for _, params in engine.calls] == [f"player_{i % 2}" for i in range(len(moves))]
+    assert {t.role: t.outcome_reward for t in group.trajectories} == rewards
+    assert player_0.info["episode"] == player_1.info["episode"] == "g/0"  # one game
+    assert "success" not in player_0.info  # one seat's win is the other's loss
+    last = player_0.steps[-1]
+    assert last.terminated and last.info["reason"] and last.info["rewards"] == {"0": 1.0, "1": -1.0}
+    assert last.metrics == {"invalid_actions": 0.0, "player_0_win": 1.0, "player_1_win": 0.0, "draw": 0.0}
+    for seat, trajectory in enumerate(group.trajectories):
+        prompt = text(trajectory.steps[0].prompt_ids)
+        assert f"You are Player {seat}" in prompt and f"You are Player {1 - seat}" not in prompt
+        assert {s.info["episode"]["seat"] for s in trajectory.steps} == {seat}
+        assert trajectory_view(trajectory, 0, 0)["info"]["seat"] == seat
+        # each seat's conversation is its own: a prompt extends the seat's previous prompt + response
+        for before, after in zip(trajectory.steps, trajectory.steps[1:], strict=False):
+            context = (*before.prompt_ids, *before.response_ids)
+            assert after.prompt_ids[: len(context)] == context
+    by_role = split_roles([group])
+    assert [(g.group_id, g.role, len(g.trajectories)) for g in by_role] == [
+        ("g@player_0", "player_0", 1),
+        ("g@player_1", "player_1", 1),
+    ]
+
+
+def test_a_drawn_game_gives_both_seats_zero_and_named_roles_are_used():
+    group, _ = play_all_seats("TicTacToe-v0", DRAW, seat_roles=["noughts", "crosses"])
+    assert {t.role: (len(t.steps), t.outcome_reward) for t in group.trajectories} == {
+        "noughts": (5, 0.0),
+        "crosses": (4, 0.0),
+    }
+    last = group.trajectories[0].steps[-1]
+    assert last.info["reason"] == "The game is a draw!"
+    assert last.metrics == {"invalid_actions": 0.0, "noughts_win": 0.0, "crosses_win": 0.0, "draw": 1.0}
+
+
+def test_a_seat_that_never_moved_gets_no_trajectory():
+    """Seat 0 loses by two invalid moves before seat 1 moves: the outcome names both seats, but only
+    seat 0 acted, so only seat 0 has a trajectory (no invented step for seat 1)."""
+    _, results, _ = play({"id": "t", "seed": 0}, ["no move", "[99]"], game="TicTacToe-v0", seats="all")
+    assert results[0].observation.role == "player_0"  # retried by the same seat
+    assert results[-1].outcome_reward == {"player_0": -1.0, "player_1": 1.0}
+    group, engine = play_all_seats("TicTacToe-v0", ["no move", "[99]"])
+    (trajectory,) = group.trajectories
+    assert trajectory.role == "player_0" and trajectory.outcome_reward == -1.0
+    assert [s.metrics["invalid_actions"] for s in trajectory.steps] == [1.0, 1.0]
+    assert [params.role for _, params in engine.calls] == ["player_0", "player_0"]
+
+
+def test_invalid_moves_and_max_turns_count_per_seat():
+    # Seat 1 tries an occupied cell, then plays; its retry is its own step, counted as its turn.
+    _, results, _ = play(
+        {"id": "t", "seed": 0}, ["[4]", "[4]", "[0]", "[8]"], game="TicTacToe-v0", seats="all", max_turns=2
+    )
+    assert [r.metrics["invalid_actions"] for r in results] == [0.0, 1.0, 0.0, 0.0]
+    assert [r.info["episode"]["seat"] for r in results] == [0, 1, 1, 0]
+    assert [r.info["turn"] for r in results] == [0, 0, 1, 1]
+    # Seat 1 has made its 2 moves when it is to move again: truncated, every role's outcome 0.
+    last = results[-1]
+    assert last.truncated and last.outcome_reward == {"player_0": 0.0, "player_1": 0.0}
+    assert last.info["truncated"] == "max_turns=2" and "success" not in last.info
+    assert last.metrics == {"invalid_actions": 0.0, "player_0_win": 0.0, "player_1_win": 0.0, "draw": 0.0}
+
+
+def test_text_mode_prompts_each_seat_with_its_own_wrapper_string():
+    first, results, _ = play(
+        {"id": "t", "seed": 3}, ["[4]", "[0]"], game="TicTacToe-v0-train", observation="text", seats="all"
+    )
+    observations = [first, *(r.observation for r in results)]
+    assert [o.role for o in observations] == ["player_0", "player_1", "player_0"]
+    for seat, observation in zip([0, 1, 0], observations, strict=True):
+        assert observation.messages[-1]["content"].startswith(f"You are Player {seat} in Tic Tac Toe.")
+
+
+def test_all_seats_passes_check_env_and_make_tasks_writes_rows_without_a_seat():
+    moves, _ = GAMES["TicTacToe-v0"]
+    rows = make_tasks("TicTacToe-v0", [7, 8], seats=None)
+    assert rows == [{"id": f"TicTacToe-v0/s{s}", "game": "TicTacToe-v0", "seed": s} for s in (7, 8)]
+    factory = functools.partial(TextArenaEnv, TOKENIZER, game="TicTacToe-v0", seats="all")
+    check_env(factory, {"id": "t", "seed": 0}, actions=moves, tokenizer=TOKENIZER)
+    config = config_from_dict({"env": {"name": "textarena", "kwargs": {"seats": "all"}}})
+    assert env_factory(config, TOKENIZER)().all_seats
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key", "message"),
+    [
+        ({"seats": "all", "opponent": "random"}, "opponent", r'"random" is given, but with seats: all'),
+        ({"seats": "both"}, "seats", r"must be 'row' .* or 'all' .* got 'both'"),
+        ({"seat_roles": ["a", "b"]}, "seat_roles", "names the roles of seats: all"),
+        ({"seats": "all", "seat_roles": ["a", "a"]}, "seat_roles", r"names a role twice \(\['a', 'a'\]\)"),
+        ({"seats": "all", "seat_roles": "ab"}, "seat_roles", "must be a list of role names"),
+        ({"seats": "all", "seat_roles": []}, "seat_roles", "must be a list of role names"),
+    ],
+)
+def test_bad_seats_settings_name_the_key(kwargs, key, message):
+    from agent_r1.envs.base import EnvKwargsError
+
+    with pytest.raises(EnvKwargsError, match=message) as caught:
+        TextArenaEnv.check_kwargs(kwargs)
+    assert caught.value.key == key
+    with pytest.raises(EnvKwargsError, match=message):
+        TextArenaEnv(TOKENIZER, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "task", "message"),
+    [
+        ({}, {"seat": 1}, r"task t: names seat 1, but with seats: all .* remove 'seat' from the row"),
+        (
+            {"seat_roles": ["only"]},
+            {},
+            r"task t: TicTacToe-v0 has 2 seats but env.kwargs.seat_roles names 1 \(\['only'\]\)",
+        ),
+    ],
+)
+def test_rows_that_do_not_fit_all_seats_raise_one_clear_error(kwargs, task, message):
+    with pytest.raises(ValueError, match=message):
+        play({"id": "t", "seed": 0, **task}, [], game="TicTacToe-v0", seats="all", **kwargs)
 
 
 # ------------------------------------------------------------------------------------ single player

@@ -164,6 +164,22 @@ def test_check_env_reports_sync_methods_raising_steps_and_repeated_outcomes():
         check_env(lambda: object(), {})
 
 
+def test_check_env_takes_an_outcome_per_role_and_checks_each_reward():
+    class SeatsEnv(CountdownEnv):
+        def __init__(self, second: float) -> None:
+            super().__init__()
+            self.second = second
+
+        async def step(self, action):
+            return StepResult(
+                None, terminated=True, outcome_reward={"player_0": 1.0, "player_1": self.second}
+            )
+
+    check_env(SeatsEnv(-1.0), {})
+    with pytest.raises(EnvCheckError, match="a mapping of roles to finite floats.*'player_1': inf"):
+        check_env(SeatsEnv(math.inf), {})
+
+
 # ------------------------------------------------------------------------------------------ ToolEnv
 
 

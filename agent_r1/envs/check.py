@@ -12,7 +12,7 @@ import asyncio
 import inspect
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -204,13 +204,18 @@ def _result_problems(where: str, result: StepResult) -> list[str]:
         problems.append(f"{where}: reward must be a float, got {type(result.reward).__name__}")
     elif not math.isfinite(result.reward):
         problems.append(f"{where}: reward is {result.reward}")
-    if result.outcome_reward is not None and (
-        isinstance(result.outcome_reward, bool)
-        or not isinstance(result.outcome_reward, (int, float))
-        or not math.isfinite(result.outcome_reward)
+    # A mapping {role: reward} gives each role of the episode its own outcome (the seats of a game).
+    outcomes = (
+        result.outcome_reward.values()
+        if isinstance(result.outcome_reward, Mapping)
+        else [result.outcome_reward]
+    )
+    if result.outcome_reward is not None and any(
+        isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) for r in outcomes
     ):
         problems.append(
-            f"{where}: outcome_reward must be a finite float or None, got {result.outcome_reward!r}"
+            f"{where}: outcome_reward must be a finite float, a mapping of roles to finite floats, or None, "
+            f"got {result.outcome_reward!r}"
         )
     for flag in ("terminated", "truncated"):
         if not isinstance(getattr(result, flag), bool):

@@ -7,16 +7,21 @@ is over. Its observations are ``(from_id, text, ObservationType)`` messages sent
 observation wrappers (``LLMObservationWrapper`` etc.) turn them into one string per turn, and its
 action wrappers (``ActionFormattingWrapper``: ``move`` -> ``[move]``) fix up what a player sends.
 
-Here one episode is ONE seat's game: the task row names the seat (``{"id", "seed", "seat"}``,
-``make_tasks``), the acting policy plays that seat, and every other seat is played by the
-opponent (``opponent=``: ``random``, a scripted ``"module:function"``, an OpenAI-compatible
-server, or ``self``: the acting policy itself through ``AgentEnv.policy``, not trained in this
-trajectory). Each seat's steps therefore form that seat's own trajectory with that seat's reward,
-and a GRPO group (n samples of one task row) compares like with like: same game, seed and seat.
-Self-play trains both seats by listing both seats' rows; the mirror seat is trained in the
-rollout whose task names it. Why not one game yielding both seats' trajectories: a flow returns one
-Trajectory per run, and splitting one game into two would need the trainer to regroup them (a
-trainer change); two rows per game keep the adapter inside the env layer.
+By default (``seats="row"``) one episode is ONE seat's game: the task row names the seat
+(``{"id", "seed", "seat"}``, ``make_tasks``), the acting policy plays that seat, and every other
+seat is played by the opponent (``opponent=``: ``random``, a scripted ``"module:function"``, an
+OpenAI-compatible server, or ``self``: the acting policy itself through ``AgentEnv.policy``, not
+trained in this trajectory). Each seat's steps therefore form that seat's own trajectory with that
+seat's reward, and a GRPO group (n samples of one task row) compares like with like: same game, seed
+and seat. Self-play this way lists both seats' rows, so every game is played twice, once per trained seat.
+
+With ``seats="all"`` one episode is the WHOLE game: the rows name no seat, the policy plays every
+seat, and each seat is a role (``Observation.role``, ``seat_roles``, default ``player_<i>``), so
+``AgentEnvLoop`` returns one trajectory per seat that moved, each with that seat's reward (the
+outcome is ``{role: reward}``); ``rollout_group`` links them (``info["episode"]``) and ``split_roles``
+makes the (task, seat) groups. Use it for self-play of all seats (every game played once, both sides
+of it trained, or one policy per role); use one seat per row to train against a fixed opponent (a
+frozen seat: random, scripted or a served model), or when the trainer does not split roles.
 
 The opponents' moves never reach the trained seat as actions: they arrive as the game reports them
 (``[Player 1] [4]``, the new board), in the next prompt.
@@ -96,8 +101,12 @@ def available_games() -> list[str]:
     return sorted(ENV_REGISTRY)
 
 
-def make_tasks(game: str, seeds: Sequence[int], seats: Sequence[int] = (0,)) -> list[dict[str, Any]]:
-    """One task row per (seed, seat): ``{"id": "TicTacToe-v0/s7/p1", "game", "seed", "seat"}``."""
+def make_tasks(game: str, seeds: Sequence[int], seats: Sequence[int] | None = (0,)) -> list[dict[str, Any]]:
+    """One task row per (seed, seat): ``{"id": "TicTacToe-v0/s7/p1", "game", "seed", "seat"}``;
+    ``seats=None``: one row per seed naming no seat, for ``seats: all`` (``{"id": "TicTacToe-v0/s7",
+    "game", "seed"}``)."""
+    if seats is None:
+        return [{"id": f"{game}/s{seed}", "game": game, "seed": int(seed)} for seed in seeds]
     return [
         {"id": f"{game}/s{seed}/p{seat}", "game": game, "seed": int(seed), "seat": int(seat)}
         for seed in seeds
@@ -229,14 +238,20 @@ def _scripted(entry_point: str) -> Callable[[str], str]:
 
 
 class TextArenaEnv(AgentEnv):
-    """One seat of one TextArena game per episode (see the module docstring).
+    """One seat of one TextArena game per episode, or every seat (``seats="all"``; see the module
+    docstring).
 
-    Task row: ``{"id", "seed": int (optional; None = unseeded), "seat": int (default 0),
-    "game": str (optional, over the ``game`` kwarg), "num_players": int (optional, over the
-    ``num_players`` kwarg)}``; ``make_tasks`` writes them. A row with any other field is refused.
+    Task row: ``{"id", "seed": int (optional; None = unseeded), "seat": int (default 0; refused with
+    ``seats="all"``), "game": str (optional, over the ``game`` kwarg), "num_players": int (optional,
+    over the ``num_players`` kwarg)}``; ``make_tasks`` writes them. A row with any other field is refused.
 
     Args (``env.kwargs``):
         tokenizer: the policy's tokenizer (injected by the trainer); it must have a chat template.
+        seats: ``"row"`` (default): the policy plays the row's seat, the opponent every other seat.
+            ``"all"``: the policy plays every seat, each seat a role (``Observation.role``), so one
+            game gives one trajectory per seat that moved; no opponent (one given is refused).
+        seat_roles: with ``seats="all"``, the role of each seat, seat 0 first (default
+            ``player_0``, ``player_1``, ...); at least as many as the game has seats.
         game: the TextArena env id, e.g. ``"TicTacToe-v0"``, ``"GuessTheNumber-v0"``; its registered
             wrappers apply (``-raw`` ids have none, ``-train`` ids their training wrappers).
         num_players: the game's seat count; None: 1 for a game whose state is TextArena's
@@ -262,7 +277,8 @@ class TextArenaEnv(AgentEnv):
             (``agent_r1.envs.context``).
         system_prompt: an optional system message opening every prompt.
         max_turns: the seat's moves before the episode is truncated (outcome 0.0), beyond the game's
-            own limits.
+            own limits; with ``seats="all"`` each seat's: the episode is truncated (every role's
+            outcome 0.0) when the seat to move has made ``max_turns`` moves.
         game_kwargs: keyword arguments for ``textarena.make`` over the registered ones (e.g.
             ``{"max_number": 10}`` for GuessTheNumber).
         success_threshold: a single-player game counts as solved (``win``) when its reward is at least
@@ -276,6 +292,10 @@ class TextArenaEnv(AgentEnv):
     Metrics (``StepResult.metrics`` -> ``env/<name>``): ``invalid_actions`` every step; ``win``,
     ``draw``, ``loss`` on the last. ``info["episode"] = {"game", "seat", "num_players", "opponent"}``
     on every step (the trajectory viewer shows it); ``info["success"]`` (= win) on the last.
+    With ``seats="all"`` the outcome is ``{role: that seat's reward}``, every step's ``invalid_actions``
+    and ``info["episode"]["seat"]`` are the moving seat's, and the last step reports ``<role>_win``
+    for every role and ``draw`` instead of ``win`` / ``draw`` / ``loss`` and ``info["success"]`` (the
+    roles' trajectories share the episode's info, and one seat's win is another's loss).
     When the other seats end the game before this seat's first move (two invalid moves of theirs),
     ``reset`` returns the ended ``StepResult`` (``AgentEnv.reset``): the seat is never prompted, its
     trajectory has no step to train, and the game's outcome stays on the trajectory
@@ -286,7 +306,11 @@ class TextArenaEnv(AgentEnv):
 
     @classmethod
     def check_kwargs(cls, kwargs: Mapping[str, Any]) -> None:
-        """The game registered and a scripted opponent importable, before the model loads."""
+        """The seats settings consistent, the game registered and a scripted opponent importable,
+        before the model loads."""
+        refused = _seats_refused(kwargs.get("seats", "row"), kwargs.get("seat_roles"), kwargs.get("opponent"))
+        if refused:
+            raise EnvKwargsError(*refused)
         opponent = kwargs.get("opponent")
         if isinstance(opponent, str) and ":" in opponent:
             try:
@@ -308,6 +332,8 @@ class TextArenaEnv(AgentEnv):
         *,
         game: str = "TicTacToe-v0",
         num_players: int | None = None,
+        seats: str = "row",
+        seat_roles: Sequence[str] | None = None,
         opponent: str | Mapping[str, Any] | None = None,
         observation: str = "chat",
         context: str | ContextPolicy = "append",
@@ -326,7 +352,12 @@ class TextArenaEnv(AgentEnv):
             raise ValueError(f"TextArenaEnv: max_turns must be >= 1, got {max_turns}")
         if num_players is not None and num_players < 1:
             raise ValueError(f"TextArenaEnv: num_players must be >= 1, got {num_players}")
+        refused = _seats_refused(seats, seat_roles, opponent)
+        if refused:
+            raise EnvKwargsError(*refused)
         self.tokenizer = tokenizer
+        self.all_seats = seats == "all"
+        self.seat_roles = None if seat_roles is None else list(seat_roles)
         self.default_game = game
         self.num_players_wanted = num_players
         self.opponent_spec = opponent
@@ -357,8 +388,14 @@ class TextArenaEnv(AgentEnv):
         seed = task.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"task {self.task_name}: 'seed' must be an integer, got {seed!r}")
-        seat = task.get("seat", 0)
-        if isinstance(seat, bool) or not isinstance(seat, int):
+        if self.all_seats and "seat" in task:
+            raise ValueError(
+                f"task {self.task_name}: names seat {task['seat']!r}, but with seats: all the policy plays "
+                "every seat of the game: remove 'seat' from the row (make_tasks(..., seats=None)), or use "
+                "seats: row for one seat per row"
+            )
+        seat = None if self.all_seats else task.get("seat", 0)
+        if not self.all_seats and (isinstance(seat, bool) or not isinstance(seat, int)):
             raise ValueError(f"task {self.task_name}: 'seat' must be an integer, got {seat!r}")
         self.seed, self.seat = seed, seat
         # TextArena seeds the global `random` (State.__init__); each game keeps its own stream, so
@@ -373,48 +410,49 @@ class TextArenaEnv(AgentEnv):
                 f"task {self.task_name}: {self.game_id} is a single-player game, so there is no seat for "
                 f"opponent {self.opponent_name!r}: remove env.kwargs.opponent"
             )
-        if not 0 <= seat < self.num_players:
-            raise ValueError(
-                f"task {self.task_name}: seat {seat} does not exist in {self.game_id} with "
-                f"{self.num_players} player(s); seats: 0..{self.num_players - 1}"
-            )
-        self.turns = 0
+        # The seats the policy plays, each with its role (None: the episode's one role).
+        self.roles: dict[int, str | None] = self._policy_seats(seat)
+        self.turns = dict.fromkeys(self.roles, 0)  # each policy seat's moves
         self._histories: dict[int, list[str]] = {pid: [] for pid in range(self.num_players)}
         self._opponent_chats: dict[int, list[Message]] = {}
-        self._messages: tuple[Message, ...] = ()
-        self._prompt_ids: tuple[int, ...] = ()
+        self._chats: dict[int, tuple[tuple[Message, ...], tuple[int, ...]]] = {}  # seat: (messages, ids)
+        self._responses: dict[int, Action] = {}  # each policy seat's last action
         self._wrapper_text: str | None = None
         self.episode = {
             "game": self.game_id,
             "seat": seat,
             "num_players": self.num_players,
-            "opponent": self.opponent_name if self.num_players > 1 else None,
+            "opponent": self.opponent_name if self.num_players > 1 and not self.all_seats else None,
         }
-        new_text = await self._play_until_seat()
-        if new_text is None:  # the others ended the game before this seat moved (e.g. invalid moves)
-            return self._end({"episode": self.episode, "turn": 0, "before_first_move": True}, invalid=False)
-        return await self._prompt(new_text, previous=None, response=None)
+        to_move = await self._play_until_policy_seat()
+        if to_move is None:  # the others ended the game before this seat moved (e.g. invalid moves)
+            info = {"episode": self.episode, "turn": 0, "before_first_move": True}
+            return self._end(info, invalid=False, mover=seat)
+        return await self._prompt(*to_move)
 
     async def step(self, action: Action) -> StepResult:
-        info: dict[str, Any] = {"episode": self.episode, "turn": self.turns}
+        mover = self._to_move
+        info: dict[str, Any] = {"episode": {**self.episode, "seat": mover}, "turn": self.turns[mover]}
         text = self._action_text(action)
-        self.turns += 1
-        before = self._error_state()
+        self.turns[mover] += 1
+        self._responses[mover] = action
+        before = self._error_state(mover)
         done = self._call(lambda: self._game.step(action=text))[0]
-        invalid = self._invalid(before)
+        invalid = self._invalid(mover, before)
         info["invalid"] = invalid
-        new_text = None if done else await self._play_until_seat()
-        if new_text is None:
-            return self._end(info, invalid)
-        if self.turns >= self.max_turns:
+        to_move = None if done else await self._play_until_policy_seat()
+        if to_move is None:
+            return self._end(info, invalid, mover)
+        if self.turns[to_move[0]] >= self.max_turns:
+            outcome, standing, metrics = self._standings(None)
             return StepResult(
                 None,
                 truncated=True,
-                outcome_reward=0.0,
-                info={**info, "success": False, "truncated": f"max_turns={self.max_turns}"},
-                metrics={"invalid_actions": float(invalid), "win": 0.0, "draw": 0.0, "loss": 0.0},
+                outcome_reward=outcome,
+                info={**info, **standing, "truncated": f"max_turns={self.max_turns}"},
+                metrics={"invalid_actions": float(invalid), **metrics},
             )
-        observation = await self._prompt(new_text, previous=self._prompt_ids, response=action)
+        observation = await self._prompt(*to_move)
         return StepResult(observation, info=info, metrics={"invalid_actions": float(invalid)})
 
     async def close(self) -> None:
@@ -474,12 +512,31 @@ class TextArenaEnv(AgentEnv):
         hint = "" if wanted else "; set num_players to the count it needs"
         raise ValueError(f"TextArena game {self.game_id} refuses num_players {' / '.join(refusals)}{hint}")
 
+    def _policy_seats(self, seat: int | None) -> dict[int, str | None]:
+        """The seats the policy plays and their roles: the row's seat (no role: the episode has one),
+        or with ``seats="all"`` every seat, each its ``seat_roles`` entry or ``player_<seat>``."""
+        if not self.all_seats:
+            assert seat is not None
+            if not 0 <= seat < self.num_players:
+                raise ValueError(
+                    f"task {self.task_name}: seat {seat} does not exist in {self.game_id} with "
+                    f"{self.num_players} player(s); seats: 0..{self.num_players - 1}"
+                )
+            return {seat: None}
+        roles = self.seat_roles or [f"player_{pid}" for pid in range(self.num_players)]
+        if len(roles) < self.num_players:
+            raise ValueError(
+                f"task {self.task_name}: {self.game_id} has {self.num_players} seats but env.kwargs.seat_roles "
+                f"names {len(roles)} ({roles}): name a role for every seat"
+            )
+        return dict(enumerate(roles[: self.num_players]))
+
     def _observe(self) -> tuple[int, str]:
         """Whose turn it is and what the game told that seat since its last turn (chat lines); the
         seat's own echoed move is left out (it is the seat's assistant turn). Feeds the game's own
         observation wrappers too, for ``observation="text"``."""
         pid, raw = self._call(self._base.get_observation)
-        if self.observation_mode == "text" and pid == self.seat:
+        if self.observation_mode == "text" and pid in self.roles:
             text: Any = raw
             for wrapper in self._wrappers:
                 text = self._call(lambda w=wrapper, o=text: w.observation(pid, o))
@@ -495,13 +552,13 @@ class TextArenaEnv(AgentEnv):
         self._histories[pid].append(new_text)
         return pid, new_text
 
-    async def _play_until_seat(self) -> str | None:
-        """Let the opponents move until it is this seat's turn; the seat's new text, or None once the
-        game is over."""
+    async def _play_until_policy_seat(self) -> tuple[int, str] | None:
+        """Let the opponents move until a seat the policy plays is to move: that seat and its new
+        text, or None once the game is over."""
         while not self._done():
             pid, new_text = self._observe()
-            if pid == self.seat:
-                return new_text
+            if pid in self.roles:
+                return pid, new_text
             move = await self._opponent_move(pid, new_text)
             if self._call(lambda move=move: self._game.step(action=move))[0]:
                 break
@@ -510,18 +567,20 @@ class TextArenaEnv(AgentEnv):
     def _done(self) -> bool:
         return bool(getattr(self._base.state, "done", False))
 
-    def _error_state(self) -> tuple[int, bool]:
+    def _error_state(self, seat: int) -> tuple[int, bool]:
         state = self._base.state
-        invalid_flag = bool(state.game_info.get(self.seat, {}).get("invalid_move", False))
+        invalid_flag = bool(state.game_info.get(seat, {}).get("invalid_move", False))
         return int(getattr(state, "error_count", 0)), invalid_flag
 
-    def _invalid(self, before: tuple[int, bool]) -> bool:
+    def _invalid(self, seat: int, before: tuple[int, bool]) -> bool:
         """TextArena's states count a seat's invalid moves in ``error_count`` (reset by a valid move)
         and flag the one that ends the game in ``game_info[seat]["invalid_move"]``."""
-        count, flag = self._error_state()
+        count, flag = self._error_state(seat)
         return count > before[0] or (flag and not before[1])
 
-    def _end(self, info: dict[str, Any], invalid: bool) -> StepResult:
+    def _end(self, info: dict[str, Any], invalid: bool, mover: int | None) -> StepResult:
+        """The game is over: every seat's reward, who won, and the game's reason (as ``mover``'s
+        ``game_info`` says it; TextArena's two-player states give every seat the same)."""
         rewards, game_info = self._call(self._game.close)
         rewards = dict(rewards or {})
         bad = {pid: r for pid, r in rewards.items() if isinstance(r, bool) or not isinstance(r, int | float)}
@@ -529,31 +588,53 @@ class TextArenaEnv(AgentEnv):
             raise RuntimeError(
                 f"TextArena game {self.game_id} returned non-numeric rewards {bad} (a bug in the game)"
             )
-        mine = float(rewards.get(self.seat, 0.0))
-        others = [float(r) for pid, r in rewards.items() if pid != self.seat]
-        if self.num_players == 1:
-            win, draw = mine >= self.success_threshold, False
-        else:
-            win = bool(others) and mine > max(others)
-            draw = bool(others) and all(r == mine for r in others)
-        reason = (game_info or {}).get(self.seat, {}).get("reason")
+        outcome, standing, metrics = self._standings(rewards)
+        reason = (game_info or {}).get(mover, {}).get("reason")
         return StepResult(
             None,
             terminated=True,
-            outcome_reward=mine,
+            outcome_reward=outcome,
             info={
                 **info,
-                "success": win,
+                **standing,
                 "rewards": {str(pid): float(r) for pid, r in rewards.items()},
                 "reason": None if reason is None else str(reason),
             },
-            metrics={
-                "invalid_actions": float(invalid),
-                "win": float(win),
-                "draw": float(draw),
-                "loss": float(not win and not draw),
-            },
+            metrics={"invalid_actions": float(invalid), **metrics},
         )
+
+    def _standings(
+        self, rewards: Mapping[int, float] | None
+    ) -> tuple[float | dict[str, float], dict[str, Any], dict[str, float]]:
+        """(outcome_reward, info, metrics) of the end, from every seat's reward; None: cut short by
+        ``max_turns``, every outcome 0.0 and nobody won, drew or lost. One seat per row: its reward,
+        ``info["success"]`` and ``win`` / ``draw`` / ``loss``. All seats: ``{role: reward}``,
+        ``<role>_win`` and ``draw``."""
+        if rewards is None:
+            won, draw = dict.fromkeys(self.roles, False), False
+        else:
+            won, draw = {pid: self._won(rewards, pid) for pid in self.roles}, self._drawn(rewards)
+        reward = {pid: float((rewards or {}).get(pid, 0.0)) for pid in self.roles}
+        if self.all_seats:
+            metrics = {f"{role}_win": float(won[pid]) for pid, role in self.roles.items()}
+            outcome = {role: reward[pid] for pid, role in self.roles.items()}
+            return outcome, {}, {**metrics, "draw": float(draw)}
+        (seat,) = self.roles
+        lost = rewards is not None and not won[seat] and not draw
+        metrics = {"win": float(won[seat]), "draw": float(draw), "loss": float(lost)}
+        return reward[seat], {"success": won[seat]}, metrics
+
+    def _won(self, rewards: Mapping[int, float], seat: int) -> bool:
+        """``seat``'s reward above every other seat's (single-player: at least ``success_threshold``)."""
+        mine = float(rewards.get(seat, 0.0))
+        if self.num_players == 1:
+            return mine >= self.success_threshold
+        others = [float(r) for pid, r in rewards.items() if pid != seat]
+        return bool(others) and mine > max(others)
+
+    def _drawn(self, rewards: Mapping[int, float]) -> bool:
+        """Every seat of a multi-player game got the same reward."""
+        return self.num_players > 1 and len(rewards) > 1 and len({float(r) for r in rewards.values()}) == 1
 
     # -- prompts
 
@@ -564,32 +645,31 @@ class TextArenaEnv(AgentEnv):
                 text = text.removesuffix(token)
         return text
 
-    async def _prompt(
-        self, new_text: str, *, previous: tuple[int, ...] | None, response: Action | None
-    ) -> Observation:
+    async def _prompt(self, seat: int, new_text: str) -> Observation:
+        """``seat``'s next prompt, tagged with its role: its own conversation (the previous prompt +
+        its last response + ``new_text``) or, with ``observation="text"``, the game's wrapper string."""
+        self._to_move = seat
+        role = self.roles[seat]
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         if self.observation_mode == "text":
-            text = (
-                self._wrapper_text
-                if self._wrapper_text is not None
-                else "\n".join(self._histories[self.seat])
-            )
-            messages = (*head, {"role": "user", "content": text})
-            return Observation(messages=messages)
+            text = self._wrapper_text if self._wrapper_text is not None else "\n".join(self._histories[seat])
+            return Observation(messages=(*head, {"role": "user", "content": text}), role=role)
+        response = self._responses.get(seat)
         if response is None:
             messages: tuple[Message, ...] = (*head, {"role": "user", "content": new_text})
             request = ContextRequest(messages, policy=self.policy)
         else:
-            turn = PreviousTurn(previous or (), response.token_ids, num_messages=len(self._messages))
+            carried, previous = self._chats[seat]
+            turn = PreviousTurn(previous, response.token_ids, num_messages=len(carried))
             messages = (
-                *self._messages,
+                *carried,
                 {"role": "assistant", "content": self._action_text(response)},
                 {"role": "user", "content": new_text},
             )
             request = ContextRequest(messages, previous=turn, policy=self.policy)
         prompt = await self.context.build(self.tokenizer, request)
-        self._messages, self._prompt_ids = prompt.messages, prompt.token_ids
-        return Observation(token_ids=prompt.token_ids)
+        self._chats[seat] = (prompt.messages, prompt.token_ids)
+        return Observation(token_ids=prompt.token_ids, role=role)
 
     async def _opponent_move(self, pid: int, new_text: str) -> str:
         if self.opponent_name == "random":
@@ -639,6 +719,37 @@ def _check_game(game_id: str) -> None:
             + (f"its variants: {variants}" if variants else f"games: {games}")
             + " (every id: agent_r1.envs.ecosystem.textarena.available_games())"
         )
+
+
+def _seats_refused(seats: Any, seat_roles: Any, opponent: Any) -> tuple[str, str] | None:
+    """(key, why) when the ``seats`` settings do not fit together, else None (``check_kwargs`` and the
+    constructor both ask)."""
+    if seats not in ("row", "all"):
+        return "seats", (
+            f"must be 'row' (the policy plays the row's seat, the opponent the others) or 'all' (the "
+            f"policy plays every seat, each a role), got {seats!r}"
+        )
+    if seats == "row":
+        if seat_roles is not None:
+            return "seat_roles", "names the roles of seats: all; with seats: row the episode has one role"
+        return None
+    if opponent is not None:
+        return "opponent", (
+            f"{json.dumps(opponent, default=str)} is given, but with seats: all the policy plays every "
+            "seat, so there is none: remove it, or use seats: row (a frozen seat is played by the opponent)"
+        )
+    if seat_roles is None:
+        return None
+    if (
+        isinstance(seat_roles, str)
+        or not isinstance(seat_roles, Sequence)
+        or not seat_roles
+        or not all(isinstance(r, str) and r for r in seat_roles)
+    ):
+        return "seat_roles", f"must be a list of role names, seat 0's first, got {seat_roles!r}"
+    if len(set(seat_roles)) != len(seat_roles):
+        return "seat_roles", f"names a role twice ({list(seat_roles)}): each seat is a role of its own"
+    return None
 
 
 def _opponent(spec: str | Mapping[str, Any]) -> tuple[str, Any, Callable[[str], str] | None]:

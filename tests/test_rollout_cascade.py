@@ -152,10 +152,10 @@ class PlanSpyEngine(HFEngine):
         self.with_blocks = self.with_window = 0
         forward = self._scheduler._forward
 
-        def spied_forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan=None):
+        def spied_forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan=None, **kwargs):
             self.with_blocks += plan is not None and plan.blocks is not None
             self.with_window += plan is not None and plan.window is not None
-            return forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan)
+            return forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan, **kwargs)
 
         self._scheduler._forward = spied_forward
 

@@ -12,6 +12,9 @@ that extends it runs only its new tokens. Rows sit left-padded in one cache
 (``agent_r1.rollout.kv_cache``); padding is masked out and positions are explicit, so a row's
 log-probs equal an unpadded forward over its own tokens (tested to 1e-4 in fp32). Weights are copied
 in place between steps (``update_weights``); sequences in flight continue with the new weights.
+
+Several roles (``roles=``): each role is a peft LoRA adapter of one shared model (or the base model);
+a request names its role in ``SamplingParams.role`` and rows of every role decode in the same batch.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import atexit
 import contextlib
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -29,6 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from agent_r1.rollout import cascade
 from agent_r1.rollout.base import NamedTensors
 from agent_r1.rollout.hf_scheduler import Request, Scheduler
+from agent_r1.rollout.prefix_store import BASE_ADAPTER
 from agent_r1.rollout.prompt_checks import refuse_prompt
 from agent_r1.types import Completion, SamplingParams, StopReason
 
@@ -47,6 +51,39 @@ def _close_serving_engines() -> None:
     134) after everything else succeeded."""
     for engine in list(_SERVING):
         engine.close()
+
+
+def _role_adapters(model: PreTrainedModel, roles: dict[str, str | None]) -> dict[str, str | None]:
+    """Each role's adapter as the scheduler names it: the peft adapter, ``BASE_ADAPTER`` for the base
+    model of a peft model, None for a plain model (which can only serve base-model roles). Raises
+    naming the role when an adapter is missing or cannot join a mixed-adapter batch."""
+    if not roles:
+        raise ValueError("HFEngine: roles must name at least one role (or be None: one policy)")
+    peft_config = getattr(model, "peft_config", None)
+    adapters = {}
+    for role, adapter in roles.items():
+        if not isinstance(role, str) or not role:
+            raise TypeError(f"HFEngine: roles keys must be non-empty str role names, got {role!r}")
+        where = f"HFEngine: roles[{role!r}]"
+        if adapter is None:
+            adapters[role] = None if peft_config is None else BASE_ADAPTER
+            continue
+        if peft_config is None:
+            raise ValueError(
+                f"{where} names adapter {adapter!r}, but the model is not a peft model; wrap it with "
+                "peft.get_peft_model and add the adapters (or map the role to None: the base model)"
+            )
+        if adapter not in peft_config:
+            raise ValueError(f"{where}: the model has no adapter {adapter!r}; it has {sorted(peft_config)}")
+        config = peft_config[adapter]
+        if config.peft_type != "LORA" or getattr(config, "use_dora", False):
+            raise ValueError(
+                f"{where}: adapter {adapter!r} is {config.peft_type.value}"
+                f"{' with DoRA' if getattr(config, 'use_dora', False) else ''}; peft mixes adapters "
+                "in one batch for plain LoRA only"
+            )
+        adapters[role] = adapter
+    return adapters
 
 
 def _resolve(future: asyncio.Future, completion: Completion) -> None:
@@ -70,6 +107,16 @@ class HFEngine:
     and to the few long rows' older ones apart (``agent_r1.rollout.cascade``; default: on for
     ``sdpa`` models with plain attention in every layer).
 
+    ``roles``: serve several roles at once, each a peft adapter of ``model`` (a ``PeftModel`` holding
+    LoRA adapters, e.g. from ``get_peft_model`` + ``add_adapter``): ``{role: adapter name}``, or
+    ``{role: None}`` for the base model with adapters off. A request runs the adapter of its
+    ``SamplingParams.role``; rows of every role decode in one batch (peft's mixed-adapter forward). A
+    request whose role is None or not in ``roles`` is answered at once with ``ABORT`` and an
+    ``error`` naming the roles served. KV is never shared across adapters: identical prompts are
+    prefilled once, and a stored turn reused, only within one adapter. Default None: the model runs
+    as it is, and ``SamplingParams.role`` is ignored (one policy). ``prompt_logprobs`` always scores
+    with the model as it is (its active adapter).
+
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the
     rest of the time it waits for requests or for a weight update (a few clock reads per scheduler
@@ -88,9 +135,12 @@ class HFEngine:
         max_context: int | None = None,
         prefix_cache_entries: int | None = None,
         cascade_attention: bool | None = None,
+        roles: Mapping[str, str | None] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
+        self.roles = None if roles is None else dict(roles)
+        self._adapter_of_role = None if roles is None else _role_adapters(model, self.roles)
         if device is not None or dtype is not None:
             model = model.to(device=device, dtype=dtype)
         self.model = model.eval()
@@ -170,14 +220,15 @@ class HFEngine:
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Sample one response; see ``agent_r1.rollout.base.Engine.generate``."""
         prompt_ids = tuple(int(t) for t in prompt_ids)
-        rejected = self._reject(prompt_ids, params)
+        rejected = self._reject(prompt_ids, params) or self._refuse_role(params.role)
         if rejected is not None:
             return rejected
         loop = asyncio.get_running_loop()
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        request = Request(prompt_ids, params, loop, loop.create_future(), generator)
+        adapter = None if self._adapter_of_role is None else self._adapter_of_role[params.role]
+        request = Request(prompt_ids, params, loop, loop.create_future(), generator, adapter)
         self._submit(request)
         try:
             return await request.future
@@ -254,6 +305,17 @@ class HFEngine:
                 (), (), StopReason.ABORT, error="stop strings need HFEngine(tokenizer=...) to read text"
             )
         return refuse_prompt(prompt_ids, vocab_size=self.vocab_size, max_context=self.max_context)
+
+    def _refuse_role(self, role: str | None) -> Completion | None:
+        """An ``ABORT`` for a request whose role this engine does not serve (None: it serves it)."""
+        if self.roles is None or role in self.roles:
+            return None
+        served = f"this engine serves roles {sorted(self.roles)}"
+        if role is None:
+            error = f"SamplingParams.role is None; {served}: name one of them"
+        else:
+            error = f"unknown role {role!r}; {served}"
+        return Completion((), (), StopReason.ABORT, error=f"HFEngine: {error}")
 
     def _submit(self, request: Request) -> None:
         with self._wakeup:

@@ -14,6 +14,13 @@ Requests join and leave between decode steps, so a batch never waits for its lon
 prompt that extends a finished sequence reuses its stored KV (``agent_r1.rollout.prefix_store``);
 a prompt that several requests share may be held once for all of them
 (``agent_r1.rollout.cascade``).
+
+Several roles in one batch: a request may name a peft adapter (``Request.adapter``); rows of
+different adapters decode in the same forward (peft's ``adapter_names``, one per row, applied by
+every LoRA layer to its rows alone). The attention itself has no weights, so blocks and windows
+compose with it; what must not be shared across adapters is KV. Every reuse is keyed by (adapter,
+token ids) (``PromptKey``): identical prompts are prefilled once, and made a block, only within one
+adapter, and a stored turn serves only a next turn of the same adapter.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agent_r1.rollout import cascade
 from agent_r1.rollout.kv_cache import DecodeBatch, new_cache
-from agent_r1.rollout.prefix_store import PrefixStore, StoredPrefix
+from agent_r1.rollout.prefix_store import BASE_ADAPTER, PrefixStore, PromptKey, StoredPrefix
 from agent_r1.rollout.sampling import sample_next_tokens
 from agent_r1.types import SamplingParams, StopReason
 
@@ -43,13 +50,15 @@ _CPU_FORWARD_OVERHEAD_TOKENS = 64
 @dataclass(eq=False)
 class Request:
     """One ``generate`` call in flight: its prompt and sampling, the caller's event loop and future
-    (the engine hands the ``Completion`` back through them), and the tokens sampled so far."""
+    (the engine hands the ``Completion`` back through them), the peft adapter that runs it (a name,
+    ``BASE_ADAPTER``, or None: the model as it is), and the tokens sampled so far."""
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     generator: torch.Generator | None
+    adapter: str | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     cancelled: bool = False
@@ -57,6 +66,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.token_ids)
+
+    @property
+    def prompt_key(self) -> PromptKey:
+        return PromptKey(self.adapter, self.prompt_ids)
 
     def stopped_by_token(self, eos_token_ids: frozenset[int]) -> bool:
         """Whether the newest token ends the response (end of sequence, or one of its stop tokens)."""
@@ -139,7 +152,7 @@ class Scheduler:
         self._stacks = cascade.BlockStacks()
         self.prefix_hits = 0
         self.shared_prefills = 0
-        # token ids fed so far (prompt + response[:-1]) -> their block and own KV
+        # (adapter, token ids fed so far: prompt + response[:-1]) -> their block and own KV
         self._prefixes = PrefixStore(prefix_cache_entries, model)
         self._batch = DecodeBatch(max_batch_size)
 
@@ -170,7 +183,9 @@ class Scheduler:
         # (sampling reads the tokens back: on an accelerator the work is done by now)
         return prefilled - start, time.perf_counter() - prefilled
 
-    def _forward(self, input_ids_BS, mask_BT, position_ids_BS, cache, plan=None) -> torch.Tensor:
+    def _forward(self, input_ids_BS, mask_BT, position_ids_BS, cache, plan=None, adapters=()) -> torch.Tensor:
+        """The next-token logits (B, V) of every row; row ``i`` runs adapter ``adapters[i]`` (None:
+        a finished row, or an engine that runs the model as it is; no adapters: all run it as it is)."""
         out = self.model(
             input_ids=input_ids_BS,
             attention_mask=self._attention_mask(mask_BT, input_ids_BS.shape[1]),
@@ -179,8 +194,20 @@ class Scheduler:
             logits_to_keep=1,
             **{self._cache_kwarg: cache},
             **({} if plan is None else {"cascade": plan}),
+            **self._adapter_names(adapters),
         )
         return out.logits[:, -1, :]  # (B, V)
+
+    def _adapter_names(self, adapters: list[str | None]) -> dict[str, list[str]]:
+        """peft's ``adapter_names`` keyword for rows of ``adapters``, or nothing when no row names one
+        (single-policy engines call the model exactly as before)."""
+        if all(a is None for a in adapters):
+            return {}
+        # With the adapters disabled (``disable_adapter()``), peft drops ``adapter_names`` and every
+        # row would silently run the base model.
+        if not self.model.has_active_enabled_adapter:
+            raise RuntimeError("the model's adapters are disabled; rows of several roles cannot run")
+        return {"adapter_names": [BASE_ADAPTER if a is None else a for a in adapters]}
 
     def _attention_mask(self, mask_BT: torch.Tensor, queries: int) -> torch.Tensor:
         """The mask to pass the model for ``queries`` new tokens (the last columns of ``mask_BT``).
@@ -209,22 +236,23 @@ class Scheduler:
         turn rejoins with a long tool result beside many short ones, the padding cost more than a
         second forward does.
         """
-        by_prompt: dict[tuple[int, ...], list[Request]] = {}
-        for request in requests:
-            by_prompt.setdefault(request.prompt_ids, []).append(request)
+        by_prompt: dict[PromptKey, list[Request]] = {}
+        for request in requests:  # identical prompts of different adapters are different prompts
+            by_prompt.setdefault(request.prompt_key, []).append(request)
         self.shared_prefills += len(requests) - len(by_prompt)
         prompts = list(by_prompt)
         stored = self._prefixes.claim(prompts)
         suffix_lengths = [
-            len(p) - (0 if key is None else len(key)) for p, key in zip(prompts, stored, strict=True)
+            len(p.token_ids) - (0 if key is None else len(key.token_ids))
+            for p, key in zip(prompts, stored, strict=True)
         ]
         overhead = _CPU_FORWARD_OVERHEAD_TOKENS if self.device.type == "cpu" else None
         for chunk in padding_chunks(suffix_lengths, overhead):
             self._prefill_rows([prompts[i] for i in chunk], [stored[i] for i in chunk], by_prompt)
 
-    def _prefill_rows(self, prompts, stored, by_prompt: dict[tuple[int, ...], list[Request]]) -> None:
+    def _prefill_rows(self, prompts, stored, by_prompt: dict[PromptKey, list[Request]]) -> None:
         """One forward over distinct ``prompts`` (each reusing the claimed stored sequence ``stored[i]``
-        or nothing), then rows for every request of each prompt, merged into the batch.
+        of its adapter, or nothing), then rows for every request of each prompt, merged into the batch.
 
         Row ``i`` is laid out as ``[pad, reused_i, pad, suffix_i]`` over ``(P + S)`` columns, where
         ``reused_i`` is the stored sequence's own KV (its block, if it has one, is attended apart); the
@@ -241,7 +269,7 @@ class Scheduler:
         reused_lengths = [
             n + (0 if b is None else b.length) for n, b in zip(own_lengths, blocks, strict=True)
         ]
-        suffixes = [p[n:] for p, n in zip(prompts, reused_lengths, strict=True)]
+        suffixes = [p.token_ids[n:] for p, n in zip(prompts, reused_lengths, strict=True)]
         past, length = max(own_lengths), max(len(x) for x in suffixes)
         ids_BS = torch.zeros(len(prompts), length, dtype=torch.long)
         mask_BT = torch.zeros(len(prompts), past + length, dtype=torch.long)
@@ -262,7 +290,12 @@ class Scheduler:
         blocks_plan = cascade.block_plan(blocks, self._stacks, self.model.dtype)
         plan = None if blocks_plan is None else cascade.CascadePlan(blocks=blocks_plan)
         logits_BV = self._forward(
-            ids_BS.to(self.device), mask_BT.to(self.device), position_ids_BS.to(self.device), cache, plan
+            ids_BS.to(self.device),
+            mask_BT.to(self.device),
+            position_ids_BS.to(self.device),
+            cache,
+            plan,
+            adapters=[p.adapter for p in prompts],
         )
         width = past + length
         own_from = self._share_prompts(prompts, blocks, by_prompt, cache, mask_BT)
@@ -280,12 +313,13 @@ class Scheduler:
     def _share_prompts(self, prompts, blocks, by_prompt, cache, mask_BT) -> list[int]:
         """Make a block of every prompt of this prefill that several requests share and that extends
         none yet (``blocks`` is updated); return, per prompt row, the first cache column its rows keep
-        as their own (the last token, for a new block's rows; else 0)."""
+        as their own (the last token, for a new block's rows; else 0). A block's rows share one
+        adapter: ``prompts`` are (adapter, token ids)."""
         own_from = [0] * len(prompts)
         if not self.cascade_attention:
             return own_from
         for i, p in enumerate(prompts):
-            if blocks[i] is not None or len(by_prompt[p]) < 2 or len(p) < 2:
+            if blocks[i] is not None or len(by_prompt[p]) < 2 or len(p.token_ids) < 2:
                 continue
             columns = mask_BT[i].nonzero().squeeze(1).to(self.device)
             shared = columns[:-1]
@@ -309,7 +343,10 @@ class Scheduler:
         if self.cascade_attention:
             blocks, window = batch.block_plan(self._stacks, self.model.dtype), batch.window()
             plan = None if blocks is None and window is None else cascade.CascadePlan(blocks, window)
-        logits_BV = self._forward(ids_B1, batch.mask_BT, position_ids_B1, batch.cache, plan)
+        adapters = [r.adapter if r else None for r in batch.rows]
+        logits_BV = self._forward(
+            ids_B1, batch.mask_BT, position_ids_B1, batch.cache, plan, adapters=adapters
+        )
         live = batch.live_rows
         self._append_samples([batch.rows[i] for i in live], logits_BV[live])
 
@@ -335,8 +372,9 @@ class Scheduler:
         return None
 
     def _keep_prefix(self, row: int, request: Request) -> None:
-        """Store a finished row's KV under the tokens it covers, for a next turn that extends it."""
-        fed = request.prompt_ids + tuple(request.token_ids[:-1])
+        """Store a finished row's KV under its adapter and the tokens it covers, for a next turn (of
+        the same adapter) that extends it."""
+        fed = PromptKey(request.adapter, request.prompt_ids + tuple(request.token_ids[:-1]))
         kv = self._batch.own_kv(row)
         self._prefixes.keep(fed, StoredPrefix(self._batch.blocks[row], kv))  # (own_kv copies)
 

@@ -4,19 +4,33 @@ When a request finishes, its KV (prompt + response) goes into a small LRU store 
 covers; a later prompt that extends it (the next turn of the same trajectory under an append context)
 claims it and runs only its new tokens. KV is valid only for the weights that computed it: any write
 to the weights (``update_weights``, or an optimizer stepping a model the engine shares with the
-learner) empties the store.
+learner) empties the store; and only for the adapter that computed it: an engine serving several
+roles (each a LoRA adapter of one model) keys every entry by ``(adapter, token ids)``
+(``PromptKey``), so a prompt's KV from one adapter never serves another's request.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from agent_r1.rollout import cascade
 
-__all__ = ["PrefixStore", "StoredPrefix"]
+__all__ = ["BASE_ADAPTER", "PrefixStore", "PromptKey", "StoredPrefix"]
+
+BASE_ADAPTER = "__base__"
+"""peft's name for "the base model, adapters off" in a mixed-adapter batch (``adapter_names``)."""
+
+
+class PromptKey(NamedTuple):
+    """Token ids and the adapter that runs them: what a KV cache entry is valid for. ``adapter`` is a
+    peft adapter name, ``BASE_ADAPTER``, or None (the engine runs the model as it is: one policy)."""
+
+    adapter: str | None
+    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -30,12 +44,13 @@ class StoredPrefix:
 
 class PrefixStore:
     """Up to ``capacity`` stored sequences (0: none are kept), least recently stored dropped first,
-    keyed by the token ids fed to the model (prompt + response[:-1]), for ``model``'s weights."""
+    keyed by the adapter and the token ids fed to the model (prompt + response[:-1]), for ``model``'s
+    weights."""
 
     def __init__(self, capacity: int, model: torch.nn.Module) -> None:
         self.capacity = capacity
         self._model = model
-        self._entries: OrderedDict[tuple[int, ...], StoredPrefix] = OrderedDict()
+        self._entries: OrderedDict[PromptKey, StoredPrefix] = OrderedDict()
         self._fingerprint = self._weights_fingerprint()
 
     def __len__(self) -> int:
@@ -53,31 +68,34 @@ class PrefixStore:
             self._entries.clear()
             self._fingerprint = fingerprint
 
-    def keep(self, fed: tuple[int, ...], entry: StoredPrefix) -> None:
-        """Store ``entry`` under the tokens ``fed`` it covers, dropping the oldest beyond capacity."""
+    def keep(self, fed: PromptKey, entry: StoredPrefix) -> None:
+        """Store ``entry`` under the adapter and tokens ``fed`` it covers, dropping the oldest beyond
+        capacity."""
         self._entries[fed] = entry
         self._entries.move_to_end(fed)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
-    def claim(self, prompts: list[tuple[int, ...]]) -> list[tuple[int, ...] | None]:
-        """For each prompt, the longest stored sequence it strictly extends and no earlier prompt
-        claimed, or None. (The prefill ``pop`` s the claimed entries: each new request stores its own
-        longer one.)"""
-        claimed: list[tuple[int, ...] | None] = []
-        for prompt_ids in prompts:
+    def claim(self, prompts: list[PromptKey]) -> list[PromptKey | None]:
+        """For each prompt, the longest stored sequence of the same adapter that it strictly extends
+        and no earlier prompt claimed, or None. (The prefill ``pop`` s the claimed entries: each new
+        request stores its own longer one.)"""
+        claimed: list[PromptKey | None] = []
+        for prompt in prompts:
             best = None
             for fed in self._entries:
+                n = len(fed.token_ids)
                 if (
-                    len(fed) < len(prompt_ids)
-                    and (best is None or len(fed) > len(best))
+                    fed.adapter == prompt.adapter
+                    and n < len(prompt.token_ids)
+                    and (best is None or n > len(best.token_ids))
                     and fed not in claimed
-                    and prompt_ids[: len(fed)] == fed
+                    and prompt.token_ids[:n] == fed.token_ids
                 ):
                     best = fed
             claimed.append(best)
         return claimed
 
-    def pop(self, fed: tuple[int, ...]) -> StoredPrefix:
+    def pop(self, fed: PromptKey) -> StoredPrefix:
         """Take the entry stored under ``fed`` out of the store."""
         return self._entries.pop(fed)

@@ -246,7 +246,10 @@ def test_one_game_gives_each_seat_its_own_trajectory_role_and_reward(game):
     assert [params.role for _, params in engine.calls] == [f"player_{i % 2}" for i in range(len(moves))]
     assert {t.role: t.outcome_reward for t in group.trajectories} == rewards
     assert player_0.info["episode"] == player_1.info["episode"] == "g/0"  # one game
-    assert "success" not in player_0.info  # one seat's win is the other's loss
+    # each seat's own success: one seat's win is the other's loss
+    assert {t.role: t.info["success"] for t in group.trajectories} == {r: v > 0 for r, v in rewards.items()}
+    # the game ended for both seats where it ended: each seat's last step is terminal
+    assert player_0.steps[-1].terminated and player_1.steps[-1].terminated
     last = player_0.steps[-1]
     assert last.terminated and last.info["reason"] and last.info["rewards"] == {"0": 1.0, "1": -1.0}
     assert last.metrics == {"invalid_actions": 0.0, "player_0_win": 1.0, "player_1_win": 0.0, "draw": 0.0}
@@ -301,7 +304,8 @@ def test_invalid_moves_and_max_turns_count_per_seat():
     # Seat 1 has made its 2 moves when it is to move again: truncated, every role's outcome 0.
     last = results[-1]
     assert last.truncated and last.outcome_reward == {"player_0": 0.0, "player_1": 0.0}
-    assert last.info["truncated"] == "max_turns=2" and "success" not in last.info
+    assert last.info["truncated"] == "max_turns=2"
+    assert last.info["success"] == {"player_0": False, "player_1": False}
     assert last.metrics == {"invalid_actions": 0.0, "player_0_win": 0.0, "player_1_win": 0.0, "draw": 0.0}
 
 

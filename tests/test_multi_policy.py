@@ -224,3 +224,68 @@ def test_a_frozen_policy_plays_but_never_moves(tiny_checkpoint, tmp_path):
     metrics = trainer.fit()
     assert "role/high/reward/mean" in metrics  # it played
     assert "policy/low/loss/policy" in metrics and not any(k.startswith("policy/high/") for k in metrics)
+
+
+def test_a_policy_updates_as_if_it_were_alone(tiny_checkpoint):
+    """A policy's update on a model holding every policy's adapter equals the same update on a model
+    holding its adapter alone (same starting weights): the other adapters take no part, and do not
+    move (their weights stay bitwise equal)."""
+    from batching_support import random_trajectories
+
+    from agent_r1.algos import PolicyObjective, TokenFields, aggregation_weights
+    from agent_r1.train.batch import batch_of
+    from agent_r1.train.config import LoraConfig, ModelConfig, TrainerConfig
+    from agent_r1.train.learner import Learner, MiniBatch, load_policy
+    from agent_r1.train.policies import PolicyLearners, adapter_parameters
+
+    batch = batch_of(random_trajectories(0, count=6), micro_batch_tokens=24)
+    t = batch.tokens
+    fields = TokenFields(
+        mask=t.mask,
+        step_ids=t.step_ids,
+        traj_ids=t.traj_ids,
+        sampler_logprobs=t.sampler_logprobs,
+        advantages=torch.cos(t.traj_ids.float()),
+    )
+    mini = MiniBatch(
+        batch.all_micro_batches, aggregation_weights(t.mask, "token-mean", seq_ids=t.step_ids), fields
+    )
+    config = ModelConfig(path=str(tiny_checkpoint), lora=LoraConfig(rank=4, alpha=8))
+    trainer_config = TrainerConfig(lr=1e-2)
+
+    torch.manual_seed(0)
+    both = load_policy(config, adapters=("low", "high"))
+    learners = PolicyLearners(
+        {
+            name: Learner(
+                both,
+                trainer_config,
+                temperature=1.0,
+                total_optimizer_steps=4,
+                parameters=adapter_parameters(both, name),
+            )
+            for name in ("low", "high")
+        }
+    )
+    torch.manual_seed(1)
+    alone = load_policy(config, adapters=("low",))
+    alone.load_state_dict(
+        {n: p for n, p in both.state_dict().items() if ".high." not in n}, strict=True
+    )  # the same starting weights as "low" on the shared model
+    single = Learner(alone, trainer_config, temperature=1.0, total_optimizer_steps=4)
+    high_before = {n: p.detach().clone() for n, p in both.named_parameters() if ".high." in n}
+    for _ in range(2):
+        shared_metrics = learners.of("low").update(mini, PolicyObjective())
+        alone_metrics = single.update(mini, PolicyObjective())
+        assert shared_metrics["loss/policy"] == alone_metrics["loss/policy"]
+    moved = dict(alone.named_parameters())
+    for name, value in both.named_parameters():
+        if ".high." in name:
+            assert torch.equal(value, high_before[name]), name
+        else:
+            assert torch.equal(value, moved[name]), name
+    assert any(
+        not torch.equal(v, high_before[n.replace(".low.", ".high.")])
+        for n, v in moved.items()
+        if ".low." in n
+    )

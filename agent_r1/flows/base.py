@@ -18,7 +18,7 @@ import asyncio
 import time
 import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -261,7 +261,8 @@ class AgentEnvLoop(AgentFlow):
         env: AgentEnv | None = None
         try:
             env = self.env_factory()
-            env.lend_policy(LentPolicy(self._lent_generate(engine)))
+            acting: list[str | None] = [None]  # the role acting now: the lent policy samples as it
+            env.lend_policy(LentPolicy(self._lent_generate(engine, acting)))
             observation = await env.reset(task)
             if isinstance(observation, StepResult):
                 outcome_reward, info = _ended_at_reset(observation)
@@ -277,6 +278,7 @@ class AgentEnvLoop(AgentFlow):
                     break
                 start = time.perf_counter()
                 params = self.limits.params_for(len(prompt_ids))
+                acting[0] = observation.role
                 if observation.role is not None:
                     params = replace(params, role=observation.role)
                 completion = await _generate(engine, prompt_ids, params)
@@ -324,7 +326,7 @@ class AgentEnvLoop(AgentFlow):
                 elif result.outcome_reward is not None:
                     outcome_reward = float(result.outcome_reward)
                 if "success" in result.info:
-                    info["success"] = bool(result.info["success"])
+                    info["success"] = _success(result.info["success"])
                 if result.terminated or result.truncated:
                     break
                 assert result.observation is not None  # StepResult enforces it for a running episode
@@ -349,14 +351,25 @@ class AgentEnvLoop(AgentFlow):
             )
         return by_role(Trajectory(task_id(task), (), status=status, info=info), steps, roles, outcome_reward)
 
-    def _lent_generate(self, engine: Engine) -> Callable[[Sequence[int]], Awaitable[Completion]]:
-        """The policy call lent to the env: this flow's sampling params and abort handling."""
+    def _lent_generate(
+        self, engine: Engine, acting: list[str | None]
+    ) -> Callable[[Sequence[int]], Awaitable[Completion]]:
+        """The policy call lent to the env: this flow's sampling params and abort handling, sampled by
+        the role acting (``acting[0]``), whose trajectory its steps join."""
 
         async def generate(prompt_ids: Sequence[int]) -> Completion:
             ids = list(prompt_ids)
-            return await _generate(engine, ids, self.limits.params_for(len(ids)))
+            params = self.limits.params_for(len(ids))
+            return await _generate(engine, ids, replace(params, role=acting[0]) if acting[0] else params)
 
         return generate
+
+
+def _success(value: Any) -> bool | dict[str, bool]:
+    """``info["success"]`` as the env reported it: a bool, or ``{role: bool}`` for each role's own."""
+    if isinstance(value, Mapping):
+        return {str(role): bool(v) for role, v in value.items()}
+    return bool(value)
 
 
 def by_role(
@@ -367,8 +380,11 @@ def by_role(
 ) -> Trajectory | list[Trajectory]:
     """The episode's trajectory (``episode`` with ``steps`` and the outcome), or, when its steps name
     roles, one trajectory per role (in the order each first acted) holding that role's steps, its
-    outcome (``outcome[role]`` from a mapping, else the one float) and the episode's status and info.
-    A role that a mapping outcome names but that never acted gets no trajectory: it took no step."""
+    outcome (``outcome[role]`` from a mapping, else the one float) and the episode's status and info
+    (``info["success"]`` as ``{role: bool}`` gives each role its own). The episode ends for every role
+    where it ends: each role's last step takes the final step's ``terminated`` / ``truncated`` and
+    its ``reason`` / ``rewards`` info, with ``info["ended_by"]`` naming the role that took it. A role
+    that a mapping outcome names but that never acted gets no trajectory: it took no step."""
     named = list(dict.fromkeys(roles))
     if named in ([], [None]) and not isinstance(outcome, dict):
         return replace(episode, steps=tuple(steps), outcome_reward=outcome)
@@ -377,13 +393,25 @@ def by_role(
             "an episode mixed observations with and without a role: set Observation.role on every "
             "observation of an episode of several roles"
         )
+    last = steps[-1]
+    ending = {key: last.info[key] for key in ("reason", "rewards") if key in last.info}
     trajectories = []
     for role in named:
         if isinstance(outcome, dict) and role not in outcome and episode.status is TrajectoryStatus.OK:
             raise ValueError(f"outcome_reward {outcome} has no reward for role {role!r}, which acted")
         reward = outcome.get(role, 0.0) if isinstance(outcome, dict) else outcome
-        own = tuple(step for step, r in zip(steps, roles, strict=True) if r == role)
-        trajectories.append(replace(episode, steps=own, outcome_reward=reward, role=role))
+        own = [step for step, r in zip(steps, roles, strict=True) if r == role]
+        if own[-1] is not last:  # the episode ended on another role's step: it ended for this role too
+            own[-1] = replace(
+                own[-1],
+                terminated=last.terminated,
+                truncated=last.truncated,
+                info={**own[-1].info, **ending, "ended_by": roles[-1]},
+            )
+        info = dict(episode.info)
+        if isinstance(info.get("success"), dict):
+            info["success"] = info["success"].get(role, False)
+        trajectories.append(replace(episode, steps=tuple(own), outcome_reward=reward, role=role, info=info))
     return trajectories
 
 
@@ -398,7 +426,7 @@ def _ended_at_reset(result: StepResult) -> tuple[float, dict[str, Any]]:
         raise ValueError("AgentEnv.reset returned a StepResult with policy_steps; reset has no action")
     info: dict[str, Any] = {"ended_at_reset": dict(result.info)}
     if "success" in result.info:
-        info["success"] = bool(result.info["success"])
+        info["success"] = _success(result.info["success"])
     if isinstance(result.outcome_reward, dict):
         raise ValueError(
             "AgentEnv.reset returned a StepResult with an outcome per role: no role acted, so there is "

@@ -294,8 +294,8 @@ class TextArenaEnv(AgentEnv):
     on every step (the trajectory viewer shows it); ``info["success"]`` (= win) on the last.
     With ``seats="all"`` the outcome is ``{role: that seat's reward}``, every step's ``invalid_actions``
     and ``info["episode"]["seat"]`` are the moving seat's, and the last step reports ``<role>_win``
-    for every role and ``draw`` instead of ``win`` / ``draw`` / ``loss`` and ``info["success"]`` (the
-    roles' trajectories share the episode's info, and one seat's win is another's loss).
+    for every role and ``draw`` instead of ``win`` / ``draw`` / ``loss``, and ``info["success"]`` as
+    ``{role: won}`` (each seat's trajectory gets its own: ``AgentEnvLoop``).
     When the other seats end the game before this seat's first move (two invalid moves of theirs),
     ``reset`` returns the ended ``StepResult`` (``AgentEnv.reset``): the seat is never prompted, its
     trajectory has no step to train, and the game's outcome stays on the trajectory
@@ -609,7 +609,7 @@ class TextArenaEnv(AgentEnv):
         """(outcome_reward, info, metrics) of the end, from every seat's reward; None: cut short by
         ``max_turns``, every outcome 0.0 and nobody won, drew or lost. One seat per row: its reward,
         ``info["success"]`` and ``win`` / ``draw`` / ``loss``. All seats: ``{role: reward}``,
-        ``<role>_win`` and ``draw``."""
+        ``{role: won}`` as ``info["success"]``, ``<role>_win`` and ``draw``."""
         if rewards is None:
             won, draw = dict.fromkeys(self.roles, False), False
         else:
@@ -618,7 +618,8 @@ class TextArenaEnv(AgentEnv):
         if self.all_seats:
             metrics = {f"{role}_win": float(won[pid]) for pid, role in self.roles.items()}
             outcome = {role: reward[pid] for pid, role in self.roles.items()}
-            return outcome, {}, {**metrics, "draw": float(draw)}
+            success = {role: won[pid] for pid, role in self.roles.items()}  # each seat's own
+            return outcome, {"success": success}, {**metrics, "draw": float(draw)}
         (seat,) = self.roles
         lost = rewards is not None and not won[seat] and not draw
         metrics = {"win": float(won[seat]), "draw": float(draw), "loss": float(lost)}

@@ -9,11 +9,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import sys
+import types
+from pathlib import Path
 
 import anthropic
 import openai
 import pytest
 import torch
+import yaml
 from doubles import ScriptedEngine
 
 from agent_r1.envs.agent_program import AgentProgramEnv, AgentResult
@@ -289,3 +293,25 @@ def test_each_role_trains_its_own_adapter(tiny_checkpoint, tmp_path):
     for name in ROLES:
         assert f"role/{name}/reward/mean" in metrics and f"policy/{name}/loss/policy" in metrics
         assert any(not torch.equal(p, before[name][n]) for n, p in adapter(name).items()), name
+
+
+def test_the_documented_two_role_agent_and_config(tiny_checkpoint, tiny_tokenizer, monkeypatch, tmp_path):
+    """docs/gateway.md's "Several roles" example as written: its agent, its env kwargs and policies."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "gateway.md").read_text()
+    section = docs.split("## Several roles", 1)[1].split("\n## ", 1)[0]
+    python, config_yaml = re.findall(r"```(?:python|yaml)\n(.*?)```", section, re.S)
+    module = types.ModuleType("documented_team")
+    exec(python, module.__dict__)
+    monkeypatch.setitem(sys.modules, "documented_team", module)
+    data = yaml.safe_load(config_yaml.replace("my_pkg.team", "documented_team"))
+    data["model"]["path"] = str(tiny_checkpoint)
+    config = config_from_dict({**data, "trainer": {"run_dir": str(tmp_path)}})
+    assert list(config.policies) == ROLES and config.policies["executor"].lr == 5e-5
+    AgentProgramEnv.check_kwargs(config.env.kwargs)
+    engine = ScriptedEngine(tiny_tokenizer, ["plan", "did it", "It is 27."])
+    loop = AgentEnvLoop(
+        lambda: AgentProgramEnv(tiny_tokenizer, **config.env.kwargs), tiny_tokenizer, SamplingParams()
+    )
+    planner, executor = asyncio.run(loop.run(engine, {"id": "t", "prompt": "3 * 9?", "answer": "27"}))
+    assert [planner.role, executor.role] == ROLES and [len(planner.steps), len(executor.steps)] == [2, 1]
+    assert planner.outcome_reward == executor.outcome_reward == 1.0

@@ -33,6 +33,11 @@ reports it as the metric ``gateway/exact_fraction`` (``StepResult.metrics``: the
 trajectories whose agent returned; a single call counts as exact, 1.0).
 An agent that raises or outlives ``timeout_s`` ends the episode with the trajectory's status ERROR and
 the agent's traceback.
+
+Several roles (``roles: [planner, executor]``): each call's ``model`` names its role, and the
+observation of that call carries it (``Observation.role``), so the loop samples it with that role's
+policy and files the step in that role's trajectory; a model that is not a role is answered 404. The
+reward is every role's outcome (a team), or a mapping ``{role: reward}`` gives each role its own.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import importlib.util
 import inspect
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +61,7 @@ from agent_r1.envs.gateway import (
     GatewaySession,
     PendingCall,
     exact_fraction,
+    role_names,
 )
 from agent_r1.envs.registry import load_entry_point
 from agent_r1.tools.formats import get_format
@@ -68,12 +74,14 @@ __all__ = ["AgentProgramEnv", "AgentProgramError", "AgentResult"]
 class AgentResult:
     """What an agent may return instead of a bare reward.
 
-    ``reward``: the outcome reward (None: ``reward_fn`` scores the result). ``answer``: anything a
-    ``reward_fn`` reads. ``success``: overrides ``reward >= success_threshold``. ``info``: kept in the
-    last step's info.
+    ``reward``: the outcome reward (None: ``reward_fn`` scores the result); with the env's ``roles``, a
+    number is every role's outcome, and a mapping ``{role: reward}`` gives each role that was called
+    its own. ``answer``: anything a ``reward_fn`` reads. ``success``: overrides ``reward >=
+    success_threshold`` (per role: every role's reward reaches it). ``info``: kept in the last step's
+    info.
     """
 
-    reward: float | None = None
+    reward: float | Mapping[str, float] | None = None
     answer: Any = None
     success: bool | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -129,6 +137,8 @@ class AgentProgramEnv(AgentEnv):
         agent_kwargs: extra keyword arguments for the agent.
         sdk: the client the agent gets: ``"openai"`` (``openai.AsyncOpenAI``; chat completions and
             the Responses API) or ``"anthropic"`` (``anthropic.AsyncAnthropic``; the Messages API).
+        roles: the role names the agent calls as its model (``model="planner"``); each call is a step
+            of its role. None: one role, any model name.
     """
 
     reset_calls_policy = True  # reset runs the agent up to its first model call
@@ -146,6 +156,7 @@ class AgentProgramEnv(AgentEnv):
         success_threshold: float = 1.0,
         agent_kwargs: dict[str, Any] | None = None,
         sdk: str = "openai",
+        roles: Sequence[str] | None = None,
     ) -> None:
         self.agent = _load(agent, "agent")
         if not inspect.iscoroutinefunction(self.agent):
@@ -160,7 +171,8 @@ class AgentProgramEnv(AgentEnv):
         if sdk not in ("openai", "anthropic"):
             raise ValueError(f"AgentProgramEnv: sdk must be 'openai' or 'anthropic', got {sdk!r}")
         self.sdk = sdk
-        self.gateway = Gateway(tokenizer, format=format, tool_prompt=tool_prompt)
+        self.roles = role_names(roles)
+        self.gateway = Gateway(tokenizer, format=format, tool_prompt=tool_prompt, roles=self.roles)
         self._session: GatewaySession | None = None
         self._agent_task: asyncio.Task | None = None
         self._waiting: asyncio.Queue | None = None
@@ -197,6 +209,10 @@ class AgentProgramEnv(AgentEnv):
                 get_format(kwargs["format"])
             except (ValueError, TypeError) as e:
                 raise EnvKwargsError("format", str(e)) from None
+        try:
+            role_names(kwargs.get("roles"))
+        except ValueError as e:
+            raise EnvKwargsError("roles", str(e)) from None
 
     async def _sample(self, call: PendingCall, params: SamplingParams) -> Action:
         """The session's sampler: park the call until ``step`` brings its sampled action."""
@@ -232,7 +248,7 @@ class AgentProgramEnv(AgentEnv):
         if call is None:
             self._agent_result()  # raises what the agent raised
             raise AgentProgramError("the agent returned without making a model call through its client")
-        return Observation(token_ids=call.prompt_ids)
+        return Observation(token_ids=call.prompt_ids, role=call.role)
 
     async def _next_call(self) -> PendingCall | None:
         """The agent's next model call, or None once it has returned."""
@@ -259,7 +275,7 @@ class AgentProgramEnv(AgentEnv):
             raise AgentProgramError(f"the agent raised {type(error).__name__}: {error}\n{text}") from error
         return self._agent_task.result()
 
-    async def _score(self, result: Any) -> tuple[float, bool, dict]:
+    async def _score(self, result: Any) -> tuple[float | dict[str, float], bool, dict]:
         task = self._task
         if self.reward_fn is not None:
             reward = self.reward_fn(result, task)
@@ -269,8 +285,12 @@ class AgentProgramEnv(AgentEnv):
             reward = result.reward
         else:
             reward = result
-        if isinstance(reward, bool | int | float):
+        if isinstance(reward, Mapping):
+            reward = self._per_role(reward)
+            reached = all(r >= self.success_threshold for r in reward.values())
+        elif isinstance(reward, bool | int | float):
             reward = float(reward)
+            reached = reward >= self.success_threshold
         else:
             raise AgentProgramError(
                 f"the agent returned {type(result).__name__} {result!r:.80}: return a number, or an "
@@ -278,7 +298,32 @@ class AgentProgramEnv(AgentEnv):
             )
         info = dict(result.info) if isinstance(result, AgentResult) else {}
         success = result.success if isinstance(result, AgentResult) and result.success is not None else None
-        return reward, reward >= self.success_threshold if success is None else success, info
+        return reward, reached if success is None else success, info
+
+    def _per_role(self, reward: Mapping) -> dict[str, float]:
+        """A reward per role, checked: numbers, for roles only, and one for every role that was called."""
+        if self.roles is None:
+            raise AgentProgramError(
+                f"the agent's reward {dict(reward)!r:.80} is per role, but the env has no roles: set "
+                "env.kwargs.roles to the role names, or return one number"
+            )
+        for role, value in reward.items():
+            if role not in self.roles:
+                raise AgentProgramError(
+                    f"the agent's reward names {role!r}, not one of the roles {list(self.roles)}"
+                )
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise AgentProgramError(
+                    f"the agent's reward for role {role!r} must be a number, got {value!r:.80}"
+                )
+        called = list(dict.fromkeys(record.role for record in self._session.records))
+        missing = [role for role in called if role not in reward]
+        if missing:
+            raise AgentProgramError(
+                f"the agent's reward {dict(reward)!r:.80} has none for {missing}, which it called: give "
+                "every role it called a reward"
+            )
+        return {role: float(value) for role, value in reward.items()}
 
     async def step(self, action: Action) -> StepResult:
         if self._pending is None:
@@ -295,7 +340,9 @@ class AgentProgramEnv(AgentEnv):
         following = await self._next_call()
         if following is not None:
             return StepResult(
-                observation=Observation(token_ids=following.prompt_ids), reward=reward, info=info
+                observation=Observation(token_ids=following.prompt_ids, role=following.role),
+                reward=reward,
+                info=info,
             )
         outcome, success, agent_info = await self._score(self._agent_result())
         share = exact_fraction(self._session.records)

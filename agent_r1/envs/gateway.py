@@ -22,6 +22,12 @@ reason, timing and ``info``. The dialect then answers in its API's shape (``tool
 ``function_call`` items, ``tool_use`` blocks), or as that API's stream events. A Responses answer's
 conversation is kept in the session for ``previous_response_id``.
 
+Roles (``Gateway(roles=[...])``): an agent of several roles (a planner and an executor) names the role
+of each call as the request's ``model``; the call is sampled with ``SamplingParams.role`` set to it
+(the role's policy) and its ``PendingCall`` / ``CallRecord`` carry it. A model that is not a role is
+answered 404 in the API's error shape, listing the roles; ``/models`` lists them. Without roles any
+model name is accepted.
+
 Exact by construction: when a call's messages are an earlier call's messages + the assistant message
 that call returned + new messages (tool results, user turns), with the same tools, its prompt ids are
 that call's prompt ids + its sampled response ids + the ids of the template's delta — the ``append``
@@ -49,6 +55,7 @@ import asyncio
 import secrets
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -99,6 +106,7 @@ __all__ = [
     "TOOL_PROMPTS",
     "engine_sampler",
     "exact_fraction",
+    "role_names",
 ]
 
 SESSION_HEADER = "X-Agent-R1-Session"
@@ -110,12 +118,14 @@ DIALECTS: tuple[Dialect, ...] = (CHAT, RESPONSES, MESSAGES)
 @dataclass(frozen=True)
 class PendingCall:
     """A call whose prompt is built, waiting for its sample. ``recorded`` resolves to its
-    ``CallRecord``, or to None when the request ended first (the client went away)."""
+    ``CallRecord``, or to None when the request ended first (the client went away). ``role``: the
+    role the request's model named (``Gateway(roles=...)``); None on a gateway without roles."""
 
     index: int
     prompt_ids: tuple[int, ...]
     info: dict[str, Any]
     recorded: asyncio.Future
+    role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,7 @@ class CallRecord:
     info: dict[str, Any]
     generate_s: float
     policy_version: int = 0
+    role: str | None = None
 
     def step(self) -> Step:
         if self.logprobs is None:
@@ -170,11 +181,35 @@ def exact_fraction(calls: Sequence[CallRecord | Step]) -> float | None:
     """The share of calls after the first whose prompt extended an earlier call exactly: 1.0 means
     every step's prompt is the previous prompt + sampled ids + template delta, so the trajectory
     packs into merged training sequences. One call is exact (1.0: nothing it could fail to extend,
-    one sequence); None only for no call at all."""
-    infos = [c.info.get("gateway", c.info) for c in calls]
-    if len(infos) <= 1:
-        return 1.0 if infos else None
-    return sum(i.get("prompt") == "extends" for i in infos[1:]) / (len(infos) - 1)
+    one sequence); None only for no call at all. Calls of several roles (``CallRecord.role``) are
+    judged after each role's first call: every role's trajectory starts afresh."""
+    if not calls:
+        return None
+    started: set[str | None] = set()
+    judged = []
+    for call in calls:
+        role = getattr(call, "role", None)
+        if role in started:
+            judged.append(call.info.get("gateway", call.info))
+        started.add(role)
+    if not judged:
+        return 1.0
+    return sum(i.get("prompt") == "extends" for i in judged) / len(judged)
+
+
+def role_names(roles: Sequence[str] | None) -> tuple[str, ...] | None:
+    """``roles`` as a tuple, checked: a list of distinct non-empty strings (None: one role)."""
+    if roles is None:
+        return None
+    if isinstance(roles, str) or not isinstance(roles, Sequence) or not roles:
+        raise ValueError(f"roles must be a list of role names, e.g. [planner, executor]; got {roles!r}")
+    for role in roles:
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"roles must be non-empty strings; got {role!r} in {list(roles)}")
+    twice = sorted(role for role, n in Counter(roles).items() if n > 1)
+    if twice:
+        raise ValueError(f"roles must be distinct; {twice} named more than once in {list(roles)}")
+    return tuple(roles)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -296,9 +331,10 @@ class GatewaySession:
                 return f"message {i} differs from {what} (call {turn.index}): the history was rewritten"
         return f"the call has {len(normal)} messages, fewer than call {turn.index} saw and returned"
 
-    async def prepare(self, request: ChatRequest) -> _Prepared:
+    async def prepare(self, request: ChatRequest, role: str | None = None) -> _Prepared:
         """Build one call's prompt ids (exactly, when it extends an earlier call) and its sampling
-        parameters, from the dialect's translation of the request."""
+        parameters (``role``: the policy's role, ``SamplingParams.role``), from the dialect's
+        translation of the request."""
         messages, tools, tool_choice = list(request.messages), request.tools, request.tool_choice
         normal = tuple(normal_message(m, f"messages[{i}]") for i, m in enumerate(messages))
         try:
@@ -317,6 +353,7 @@ class GatewaySession:
         params = sampling_params(request.sampling, max_tokens_default=cap, unsupported=("echo",))
         if params.max_tokens > cap:
             params = replace(params, max_tokens=cap)
+        params = replace(params, role=role)
         if self.max_calls is not None and self._started >= self.max_calls:
             raise ApiError(
                 f"session {self.id} reached its limit of {self.max_calls} model calls",
@@ -326,7 +363,7 @@ class GatewaySession:
         index = self._started
         self._started += 1
         call = PendingCall(
-            index, prompt_ids, {"call": index, **info}, asyncio.get_running_loop().create_future()
+            index, prompt_ids, {"call": index, **info}, asyncio.get_running_loop().create_future(), role
         )
         return _Prepared(call, tools, normal, tool_choice, params)
 
@@ -367,6 +404,7 @@ class GatewaySession:
             info=info,
             generate_s=generate_s,
             policy_version=getattr(sampled, "policy_version", None) or 0,
+            role=call.role,
         )
         self.records.append(record)
         if not call.recorded.done():
@@ -389,8 +427,11 @@ class Gateway:
             bring its own (``open_session(sampler=...)``).
         format: the tool-call format that parses responses into ``tool_calls``; it must be one whose
             chat template renders the tools and role "tool" results (``hermes``, ``llama3_json``).
-        model_name: what ``/v1/models`` lists; requests may name any model (an agent's configured
-            name is not the gateway's business).
+        model_name: what ``/v1/models`` lists without roles; requests may then name any model (an
+            agent's configured name is not the gateway's business).
+        roles: the role names an agent of several roles calls as its ``model`` (each call is sampled
+            with ``SamplingParams.role`` set to it); a request naming another model is answered 404,
+            and ``/v1/models`` lists the roles. None: one role, any model name.
         max_tokens: the most tokens one call may generate (a request asking more is capped).
         max_context: prompts this long or longer are answered 400.
         max_calls: model calls per session before it is answered 429 (None: no limit).
@@ -413,6 +454,7 @@ class Gateway:
         max_calls: int | None = None,
         host: str = "127.0.0.1",
         tool_prompt: str = "template",
+        roles: Sequence[str] | None = None,
     ) -> None:
         require_chat_template(tokenizer)
         self.tokenizer = tokenizer
@@ -434,6 +476,7 @@ class Gateway:
             compact_tools_text([], self.format)  # a format that cannot say how a call is written fails here
         self.tool_prompt = tool_prompt
         self.model_name = model_name
+        self.roles = role_names(roles)
         self.max_tokens = max_tokens
         self.max_context = max_context
         self.max_calls = max_calls
@@ -528,20 +571,37 @@ class Gateway:
             self._session(request)
         except ApiError as e:
             return error_response(e.status, str(e), e.kind)
-        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agent-r1"}
-        return web.json_response({"object": "list", "data": [card]})
+        cards = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "agent-r1"}
+            for name in self.roles or (self.model_name,)
+        ]
+        return web.json_response({"object": "list", "data": cards})
+
+    def _role(self, body: dict) -> str | None:
+        """The role the request's ``model`` names (None without roles); another model is a 404."""
+        if self.roles is None:
+            return None
+        model = body.get("model")
+        if model not in self.roles:
+            raise NotFound(
+                f"The model {model!r} does not exist on this gateway: its models are the agent's roles "
+                f"{list(self.roles)}; name one as the request's model",
+                param="model",
+            )
+        return model
 
     def _endpoint(self, dialect: Dialect):
         async def endpoint(request: web.Request, body: dict) -> dict | web.StreamResponse:
             session = self._session(request)
+            role = self._role(body)
             translated = dialect.parse(body, session.previous)
-            record = await self._call(session, translated)
+            record = await self._call(session, translated, role)
             result = ChatResult(
                 record.message,
                 record.finish_reason,
                 len(record.prompt_ids),
                 len(record.response_ids),
-                self.model_name,
+                role or self.model_name,
             )
             response_id = dialect.new_id()
             if dialect.stores:
@@ -554,9 +614,9 @@ class Gateway:
 
         return endpoint
 
-    async def _call(self, session: GatewaySession, request: ChatRequest) -> CallRecord:
+    async def _call(self, session: GatewaySession, request: ChatRequest, role: str | None) -> CallRecord:
         """One call, whatever its dialect: build the prompt, sample, record."""
-        prepared = await session.prepare(request)
+        prepared = await session.prepare(request, role)
         call = prepared.call
         start = time.perf_counter()
         try:

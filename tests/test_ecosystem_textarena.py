@@ -659,15 +659,17 @@ def _warm_start(tmp_path, factory, tasks, player):
     return tmp_path / "sft"
 
 
-def _train(model_path, tmp_path, game: str, tasks: list[dict], **env_kwargs):
+def _train(model_path, tmp_path, game: str, tasks: list[dict], *, sections=None, **env_kwargs):
     """One RL step through the real Trainer. REINFORCE++ whitens returns over the whole batch, so
     tasks with different outcomes give an update even when each task's samples agree (as a barely
-    trained tiny model's do)."""
+    trained tiny model's do). ``sections``: more config sections (several policies)."""
     from agent_r1.train.trainer import Trainer
 
+    sections = dict(sections or {})
     config = config_from_dict(
         {
-            "model": {"path": str(model_path)},
+            "policies": sections.pop("policies", {}),
+            "model": {"path": str(model_path), **sections.pop("model", {})},
             "env": {"name": "textarena", "kwargs": {"game": game, **env_kwargs}},
             "rollout": {"n": 2, "max_tokens": 4, "max_steps": 6, "temperature": 1.0},
             "algorithm": {"advantage": "reinforce_pp"},
@@ -720,6 +722,38 @@ def test_trains_a_two_player_game_in_self_play_one_trajectory_per_seat(tiny_chec
     assert by_seat == {0: [(2, -1.0), (2, -1.0)], 1: [(0, 1.0), (0, 1.0)]}
     seat_1 = next(t for t in trajectories if t.task_id.endswith("/p1"))
     assert seat_1.info["success"] is True and seat_1.info["ended_at_reset"]["before_first_move"] is True
+
+
+@pytest.mark.parametrize("per_seat", [False, True], ids=["shared_policy", "policy_per_seat"])
+def test_trains_both_seats_from_one_game(tmp_path, per_seat):
+    """``seats: all`` through the real Trainer (issue 50): each game is one episode giving a trajectory
+    per seat that moved, grouped by (task, seat); one shared policy trains from both seats' groups, or
+    each seat's LoRA adapter from its own."""
+    factory = functools.partial(TextArenaEnv, TOKENIZER, game="TicTacToe-v0", opponent="random")
+    demos = make_tasks("TicTacToe-v0", range(100, 108), seats=[0, 1])
+    model_path = _warm_start(tmp_path, factory, demos, lambda t: players.TicTacToePlayer())
+    sections = {}
+    if per_seat:
+        sections = {"model": {"lora": {"rank": 4, "alpha": 8}}, "policies": {"player_0": {}, "player_1": {}}}
+    tasks = make_tasks("TicTacToe-v0", [1, 2, 3], seats=None)
+    metrics, changed, trajectories = _train(
+        model_path, tmp_path, "TicTacToe-v0", tasks, sections=sections, seats="all", max_turns=5
+    )
+    assert changed
+    episodes: dict[str, list] = {}
+    for t in trajectories:
+        assert t.group_id.endswith(f"@{t.role}")  # groups are (task, seat)
+        assert {s.info["episode"]["seat"] for s in t.steps} == {int(t.role[-1])}  # only its own moves
+        episodes.setdefault(t.info["episode"], []).append(t.role)
+    assert len(episodes) == len(tasks) * 2  # every game played once (n=2), not once per seat
+    assert all(len(set(roles)) == len(roles) for roles in episodes.values())  # a trajectory per seat
+    # the barely warmed-up model often loses seat 0 on two invalid moves, before seat 1 moves: that
+    # seat gets no trajectory; in the games it reached, seat 1 was trained too
+    assert any(roles == ["player_0", "player_1"] for roles in episodes.values())
+    for role in ("player_0", "player_1"):
+        assert f"role/{role}/reward/mean" in metrics
+        assert (f"policy/{role}/loss/policy" in metrics) is per_seat
+    assert ("loss/policy" in metrics) is not per_seat
 
 
 def test_trains_a_single_player_game(tmp_path):

@@ -268,3 +268,28 @@ def test_a_role_that_no_policy_plays(tiny_checkpoint, tmp_path, capsys):
     )
     assert "role 'low' acted, but no policy plays it" in printed and "row 0" in printed
     assert "policies: ['high', 'other']" in printed
+
+
+def test_a_seat_that_no_policy_plays(tiny_checkpoint, tmp_path, capsys):
+    """TextArena with both seats of one game: every seat's role is checked, not only the first mover's."""
+    env = {"name": "textarena", "kwargs": {"game": "TicTacToe-v0", "seats": "all"}}
+    config = write_config(tmp_path, str(tiny_checkpoint), env, [{"id": "g", "seed": 0}])
+    printed = refused(capsys, "check", config, "model.lora.rank=4", "policies.player_0={}")
+    assert "role 'player_1' acted, but no policy plays it" in printed
+
+
+def test_an_agent_role_that_no_policy_plays(tiny_checkpoint, tmp_path, capsys):
+    """An agent program's roles (its model names) are checked without running the agent."""
+    env = {
+        "name": "agent_program",
+        "kwargs": {"agent": "test_agent_program:no_call", "roles": ["planner", "executor"]},
+    }
+    config = write_config(tmp_path, str(tiny_checkpoint), env, [{"id": "a", "prompt": "hi"}])
+    printed = refused(capsys, "check", config, "model.lora.rank=4", "policies.planner={}")
+    assert "role 'executor' acted, but no policy plays it" in printed and "agent_program" in printed
+
+
+def test_an_env_without_roles_under_several_policies(tiny_checkpoint, tmp_path, capsys):
+    config = write_config(tmp_path, str(tiny_checkpoint), FROZEN_LAKE, [{"id": "a", "seed": 0}])
+    printed = refused(capsys, "check", config, "model.lora.rank=4", "policies.a={}", "policies.b={}")
+    assert "an episode named no role (Observation.role unset)" in printed

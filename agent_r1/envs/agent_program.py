@@ -180,6 +180,10 @@ class AgentProgramEnv(AgentEnv):
         self._deadline: float | None = None
         self._task: Task | None = None
 
+    def episode_roles(self) -> list[str] | None:
+        """``env.kwargs.roles``: the model names that pick a role (None: one role)."""
+        return None if self.roles is None else list(self.roles)
+
     @classmethod
     def check_kwargs(cls, kwargs: Mapping[str, Any]) -> None:
         """Import the agent and the reward functions and check the options, before any model loads:

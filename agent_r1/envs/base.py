@@ -79,6 +79,12 @@ class AgentEnv(ABC):
     task_fields: tuple[str, ...] | None = None
     reset_calls_policy: bool = False
 
+    def episode_roles(self) -> Sequence[str] | None:
+        """The roles that may act in this env's episodes (``Observation.role``), when it knows them
+        before they act (after ``reset``, or from its kwargs); None: one role, or not known ahead.
+        ``agent-r1 check`` checks that a configured policy plays each one (docs/multi_agent.md)."""
+        return None
+
     def lend_policy(self, policy: LentPolicy) -> None:
         """Give the environment the acting policy for calls beyond the action (see ``LentPolicy``)."""
         self.policy = policy

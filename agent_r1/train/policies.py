@@ -54,7 +54,13 @@ def policy_of(config: TrainConfig, role: str | None) -> str | None:
     run has one policy. Raises ``ConfigError`` for a role that no policy plays."""
     if not config.policies:
         return None
-    name = config.roles.get(role, role) if role is not None else None
+    if role is None:
+        raise ConfigError(
+            "policies",
+            f"an episode named no role (Observation.role unset), but several policies are configured "
+            f"({sorted(config.policies)}): the env must name the role acting on each observation",
+        )
+    name = config.roles.get(role, role)
     if name not in config.policies:
         raise ConfigError(
             "roles",

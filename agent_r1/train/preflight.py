@@ -110,7 +110,8 @@ def _check_env_resets(config: TrainConfig, tokenizer, tasks: dict[str, list[dict
         return []
     build = env_factory(config, tokenizer)
     if getattr(get_env_factory(config.env.name), "reset_calls_policy", False):
-        build()  # construction errors name env.kwargs; reset needs the model
+        env = build()  # construction errors name env.kwargs; reset needs the model
+        _check_roles(config, env.episode_roles() or (), f"env {config.env.name!r}")
         return [f"env {config.env.name!r}: built (its reset runs the model: not reset here)"]
     report = []
     for split, rows in tasks.items():
@@ -139,14 +140,23 @@ async def _reset_once(env, row: dict[str, Any], tokenizer, where: str, config: T
     finally:
         with contextlib.suppress(Exception):  # a failing close must not hide the reset's error
             await env.close()
-    if config.policies:  # the first role to act is played by a configured policy
-        from agent_r1.train.policies import policy_of
-
-        try:
-            policy_of(config, observation.role)
-        except ConfigError as error:
-            raise ConfigError(error.key, f"{where}{ident}: {error.why}") from None
+    # the first role to act, and every role the env names, is played by a configured policy
+    _check_roles(config, [observation.role, *(env.episode_roles() or ())], f"{where}{ident}")
     return n_prompt
+
+
+def _check_roles(config: TrainConfig, roles, where: str) -> None:
+    """Each of ``roles`` (None: the episode has one) is played by a configured policy, with several
+    policies: a ``ConfigError`` naming ``where`` otherwise."""
+    from agent_r1.train.policies import policy_of
+
+    if not config.policies:
+        return
+    for role in dict.fromkeys(roles):
+        try:
+            policy_of(config, role)
+        except ConfigError as error:
+            raise ConfigError(error.key, f"{where}: {error.why}") from None
 
 
 PREFLIGHT_ERRORS = (ConfigError, DataError, ModelNotFoundError, NoChatTemplateError)

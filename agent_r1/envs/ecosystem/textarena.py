@@ -512,6 +512,12 @@ class TextArenaEnv(AgentEnv):
         hint = "" if wanted else "; set num_players to the count it needs"
         raise ValueError(f"TextArena game {self.game_id} refuses num_players {' / '.join(refusals)}{hint}")
 
+    def episode_roles(self) -> list[str] | None:
+        """With ``seats="all"``, after ``reset``: the role of every seat (None: one seat per row)."""
+        if not self.all_seats or not hasattr(self, "roles"):
+            return None
+        return list(self.roles.values())
+
     def _policy_seats(self, seat: int | None) -> dict[int, str | None]:
         """The seats the policy plays and their roles: the row's seat (no role: the episode has one),
         or with ``seats="all"`` every seat, each its ``seat_roles`` entry or ``player_<seat>``."""

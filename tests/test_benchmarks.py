@@ -453,3 +453,22 @@ def test_distill_quick():
             out,
             re.M,
         ), out
+
+
+def test_multi_agent_specialise_quick():
+    """Three arms from one model: the shared policy and the policy per role start from the same
+    weights on identical prompts (every adapter starts as the identity), so their "before" agree."""
+    out = run_script("multi_agent.py", "specialise", "--quick", "--seeds", "0")
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["arm"] for r in rows] == ["shared", "role_prompt", "per_role"]
+    shared, _, per_role = rows
+    assert shared["before"] == per_role["before"]
+    assert all(0.0 <= r["after"] <= 1.0 for r in rows)
+
+
+def test_multi_agent_selfplay_quick():
+    out = run_script("multi_agent.py", "selfplay", "--quick", "--seeds", "0")
+    per_row, both = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert per_row["arm"] == "per_row" and both["arm"] == "both_seats"
+    assert both["games"] <= both["trajectories"] and per_row["games"] >= per_row["trajectories"]
+    assert "win vs scripted" in out

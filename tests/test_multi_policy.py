@@ -145,6 +145,12 @@ def _policies_config(tiny_checkpoint, run_dir, **sections):
         ({"distributed": {"backend": "ray"}}, "distributed.backend", "one process"),
         ({"rollout": {"engine": "vllm"}}, "rollout.engine", "HF engine"),
         ({"algorithm": {"advantage": {"name": "gae_token"}}}, "algorithm.advantage.name", "no critic"),
+        # async samples while the learner updates, as with one policy: the engine needs its own copy
+        (
+            {"trainer": {"mode": "async"}, "algorithm": {"off_policy": "tis"}},
+            "rollout.share_model",
+            "own copy",
+        ),
     ],
 )
 def test_bad_policies_are_refused_by_key(tiny_checkpoint, tmp_path, change, key, words):

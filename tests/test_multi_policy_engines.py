@@ -66,6 +66,14 @@ def test_an_engine_copy_holds_every_adapter_and_takes_those_that_updated(tiny_ch
         assert torch.equal(value, learner[name]), name
         if adapter_of(name) is None:
             assert torch.equal(value, base[name]), name
+    # a resumed run's engine copy starts from the base model's adapters: the restore pushes them all
+    resumed = Trainer(config, train_tasks=tasks(4), resume=True)
+    try:
+        resumed._restore()
+        restored = dict(resumed.rollouts.raw_engine.model.named_parameters())
+        assert all(torch.equal(restored[n], value) for n, value in learner.items()), "stale adapters"
+    finally:
+        resumed.close()
 
     # a fresh engine over the copy (fit closed the run's): each role's sampled log-probs are its
     # policy's, as the learner recomputes them

@@ -143,7 +143,14 @@ def _policies_config(tiny_checkpoint, run_dir, **sections):
         ({"policies": {"low": {"frozen": True, "lr": 1e-3}, "high": {}}}, "policies.low.lr", "no optimizer"),
         ({"policies": {"low": {"frozen": True}}}, "policies", "every policy is frozen"),
         ({"distributed": {"backend": "ray"}}, "distributed.backend", "one process"),
-        ({"rollout": {"share_model": False}}, "rollout.share_model", "share the base"),
+        ({"rollout": {"engine": "vllm"}}, "rollout.engine", "HF engine"),
+        ({"algorithm": {"advantage": {"name": "gae_token"}}}, "algorithm.advantage.name", "no critic"),
+        # async samples while the learner updates, as with one policy: the engine needs its own copy
+        (
+            {"trainer": {"mode": "async"}, "algorithm": {"off_policy": "tis"}},
+            "rollout.share_model",
+            "own copy",
+        ),
     ],
 )
 def test_bad_policies_are_refused_by_key(tiny_checkpoint, tmp_path, change, key, words):

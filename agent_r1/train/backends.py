@@ -44,6 +44,7 @@ from agent_r1.train.batching import MicroBatch
 from agent_r1.train.checkpoint import save_checkpoint, split_critic, with_critic
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.learner import Learner, MiniBatch, TokenLoss
+from agent_r1.train.policies import PolicyLearners
 from agent_r1.types import Task, TrajectoryGroup
 
 __all__ = [
@@ -348,6 +349,10 @@ class LocalLearner:
         return self.teacher.logprobs(micro_batches, num_tokens)
 
     def weights(self) -> Callable[[], list[tuple[str, Tensor]]]:
+        """For an engine's own copy: the merged weights (``export_weights``); with several policies
+        the adapters that changed since the previous sync, by name (``PolicyLearners.weights``)."""
+        if isinstance(self.policy, PolicyLearners):
+            return self.policy.weights()
         model = self.policy.model
         return lambda: export_weights(model)
 
@@ -393,9 +398,11 @@ class LocalLearner:
 
 
 def engine_copy(model, config) -> Any:
-    """A frozen copy of the policy for an engine that does not share it (LoRA: the base weights from
-    ``model.path``, into which each update's merged weights are copied)."""
-    if hasattr(model, "peft_config"):
+    """A frozen copy of the policy for an engine that does not share it. One LoRA policy: the base
+    weights from ``model.path``, into which each update's merged weights are copied. Several
+    policies (``config.policies``): the peft model itself, every adapter included, so that each role
+    keeps its adapter; each sync copies in the adapters that changed (``PolicyLearners.weights``)."""
+    if hasattr(model, "peft_config") and not config.policies:
         from agent_r1.models.loading import load_frozen_model
         from agent_r1.train.builders import base_path
 

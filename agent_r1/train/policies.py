@@ -8,7 +8,11 @@ its own optimizer and schedule; a frozen policy is the base
 model with every adapter off.
 
 - Sampling: the HF engine serves every role in one batch (``HFEngine(roles=...)``, from
-  ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter.
+  ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter. It shares the learner's
+  model (``rollout.share_model``), or holds its own copy of it, every adapter included
+  (``agent_r1.train.backends.engine_copy``; ``trainer.mode: async`` needs one): each weight sync then
+  pushes, by name, the adapter weights of the policies that updated since the previous sync
+  (``PolicyLearners.weights``); the base and a frozen policy never change.
 - Credit: groups are (task, role) (``agent_r1.flows.base.split_roles``), so each role's baseline
   compares it with its own samples.
 - Learning: the kept groups are split by the policy that plays their role (``by_policy``); each
@@ -24,7 +28,7 @@ Without ``policies`` there is one policy: every group trains it, and the metrics
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +39,7 @@ from agent_r1.types import TrajectoryGroup
 __all__ = [
     "AdapterLearner",
     "PolicyLearners",
+    "adapter_of",
     "adapter_parameters",
     "by_policy",
     "engine_roles",
@@ -79,9 +84,15 @@ def engine_roles(config: TrainConfig) -> dict[str, str | None] | None:
     return {**adapter, **{role: adapter[policy] for role, policy in config.roles.items()}}
 
 
+def adapter_of(key: str) -> str | None:
+    """The adapter a peft parameter name belongs to (``...lora_A.<adapter>.weight``), or None."""
+    parts = key.split(".")
+    return next((parts[i + 1] for i, part in enumerate(parts[:-1]) if part.startswith("lora_")), None)
+
+
 def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:
     """The parameters of ``adapter`` (peft names them ``...lora_A.<adapter>.weight``)."""
-    params = [p for name, p in model.named_parameters() if "lora_" in name and f".{adapter}." in name]
+    params = [p for name, p in model.named_parameters() if adapter_of(name) == adapter]
     if not params:
         raise ValueError(f"the model has no LoRA adapter named {adapter!r}")
     return params
@@ -99,10 +110,12 @@ def active_adapter(model, adapter: str) -> Iterator[None]:
 
 
 class AdapterLearner:
-    """A policy's ``Learner`` with its adapter active around each of its calls."""
+    """A policy's ``Learner`` with its adapter active around each of its calls; each update adds
+    the adapter's name to ``updated`` (what the next weight sync pushes)."""
 
-    def __init__(self, learner, adapter: str) -> None:
+    def __init__(self, learner, adapter: str, updated: set[str] | None = None) -> None:
         self.learner, self.adapter = learner, adapter
+        self.updated = set() if updated is None else updated
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.learner, name)
@@ -112,21 +125,37 @@ class AdapterLearner:
             return self.learner.logprobs(micro_batches, num_tokens, reference=reference)
 
     def update(self, mini_batch, token_loss, *, with_entropy: bool = False) -> dict[str, float]:
+        self.updated.add(self.adapter)
         with active_adapter(self.learner.model, self.adapter):
             return self.learner.update(mini_batch, token_loss, with_entropy=with_entropy)
 
 
 class PolicyLearners:
     """Every trained policy's ``Learner`` over one shared model: what a checkpoint saves and loads
-    (``state_dict``: each policy's optimizer and schedule by name). ``of(name)`` is one policy's."""
+    (``state_dict``: each policy's optimizer and schedule by name). ``of(name)`` is one policy's.
+    ``updated``: the policies whose adapter changed (an update, a loaded checkpoint) since the
+    engine's copy last took them (``weights``)."""
 
     def __init__(self, learners: Mapping[str, Any]) -> None:
         self.learners = dict(learners)
         first = next(iter(self.learners.values()))
         self.model, self.sync = first.model, first.sync
+        self.updated: set[str] = set()
 
     def of(self, name: str) -> AdapterLearner:
-        return AdapterLearner(self.learners[name], name)
+        return AdapterLearner(self.learners[name], name, self.updated)
+
+    def weights(self) -> Callable[[], list[tuple[str, torch.Tensor]]]:
+        """For an engine's own copy of the model (``agent_r1.train.backends.engine_copy``): a function
+        returning the ``(name, tensor)`` pairs, under the peft model's names, of every adapter in
+        ``updated`` (then emptied), called when the engine takes them."""
+
+        def changed() -> list[tuple[str, torch.Tensor]]:
+            names = self.updated & set(self.learners)
+            self.updated.clear()
+            return [(key, p.detach()) for key, p in self.model.named_parameters() if adapter_of(key) in names]
+
+        return changed
 
     def state_dict(self) -> dict:
         return {"policies": {name: learner.state_dict() for name, learner in self.learners.items()}}
@@ -139,6 +168,7 @@ class PolicyLearners:
             )
         for name, learner in self.learners.items():
             learner.load_state_dict(saved[name])
+        self.updated.update(self.learners)  # loaded with a checkpoint's weights
 
     def logprobs(self, *args, **kwargs):
         raise TypeError("several policies: call PolicyLearners.of(name).logprobs")

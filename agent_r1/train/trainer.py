@@ -21,7 +21,8 @@ Choices, and where they come from:
 - **Rollout in-process**: the HF engine and the learner share ONE model object by default
   (``rollout.share_model``): weight sync is then a version bump, no copy, no second model in memory.
   ``share_model: false`` gives the engine its own copy, synced after each update by
-  ``Engine.update_weights`` (LoRA weights are merged into that copy); so does ``rollout.engine: vllm``,
+  ``Engine.update_weights`` (LoRA weights are merged into that copy; with several policies the copy
+  holds every adapter and takes those that changed, by name); so does ``rollout.engine: vllm``,
   which can also sleep during each update (one GPU). All use exactly the sampler's distribution,
   ``log softmax(logits / temperature)`` over the full vocabulary.
 - **Old log-probs** (``agent_r1.train.phases``) for the PPO ratio: the learner's recomputation before the update (default, so that

@@ -54,7 +54,7 @@ ARMS = {
 SIZES = {
     # model: steps, tasks per step, samples per task, max tokens, lr, LoRA rank
     "tiny": {"steps": 100, "tasks_per_step": 4, "n": 8, "max_tokens": 12, "lr": 3e-2, "rank": 8},
-    "smollm": {"steps": 8, "tasks_per_step": 4, "n": 4, "max_tokens": 16, "lr": 2e-4, "rank": 8},
+    "smollm": {"steps": 12, "tasks_per_step": 4, "n": 4, "max_tokens": 16, "lr": 1e-3, "rank": 8},
 }
 QUICK = {"steps": 2, "tasks_per_step": 2, "n": 2, "max_tokens": 4}
 

@@ -86,6 +86,19 @@ def test_async_training_in_one_process_with_vllm_stamps_each_step_with_the_weigh
     assert results["gap_to_recorded_version"] < 1e-2 < results["gap_to_initial_weights"]
 
 
+@pytest.mark.parametrize("frozen", [False, True], ids=["two-adapters", "adapter-and-frozen-base"])
+def test_the_trainer_of_several_policies_samples_each_role_with_its_trained_adapter(frozen):
+    """``policies: {low, high}`` with ``rollout.engine: vllm``: the learner sends each trained adapter
+    after its update, vLLM loads it as a new version, and step 2's log-probs of each role are its own
+    adapter's as step 1 trained it (frozen: the high role's are the base model's, beside low's
+    adapter) (tests/vllm/check_trainer_vllm.py)."""
+    results = check_trainer("none", "policies", *(["frozen"] if frozen else []))
+    print("vLLM policies trainer:", results)
+    assert results["policy_versions_sampled"] == [1] and not results["step_1_errors"]
+    own = results["gap_low_to_low"], results["gap_high_to_base" if frozen else "gap_high_to_high"]
+    assert max(own) < 1e-2 < min(results["gap_low_to_base"], results["gap_high_to_low"])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

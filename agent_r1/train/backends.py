@@ -347,8 +347,13 @@ class LocalLearner:
     def teacher_logprobs(self, micro_batches, num_tokens: int) -> Tensor:
         return self.teacher.logprobs(micro_batches, num_tokens)
 
-    def weights(self) -> Callable[[], list[tuple[str, Tensor]]]:
+    def weights(self) -> Callable[[], Any]:
         model = self.policy.model
+        if not isinstance(self.policy, Learner):  # several policies: each trained adapter, for vLLM
+            from agent_r1.train.policies import export_adapters
+
+            adapters = list(self.policy.learners)
+            return lambda: export_adapters(model, adapters)
         return lambda: export_weights(model)
 
     def save_checkpoint(self, directory: Path, step: int, trainer_state: dict) -> Path | None:
@@ -629,7 +634,8 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     except BaseException:
         rollouts.close()
         raise
-    if parts.model is not None and rollouts.owns_engine and not rollouts.shares_model:
-        # An engine that loaded model.path (vLLM) must start from the policy passed in.
+    if rollouts.owns_engine and not rollouts.shares_model and (parts.model is not None or config.policies):
+        # An engine that loaded model.path (vLLM) must start from the policy passed in, and from each
+        # trained policy's adapter (it loads none of its own).
         rollouts.update_weights(learner.weights(), 0)
     return Backends(rollouts, learner, model.config, device, model)

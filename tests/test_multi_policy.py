@@ -143,7 +143,6 @@ def _policies_config(tiny_checkpoint, run_dir, **sections):
         ({"policies": {"low": {"frozen": True, "lr": 1e-3}, "high": {}}}, "policies.low.lr", "no optimizer"),
         ({"policies": {"low": {"frozen": True}}}, "policies", "every policy is frozen"),
         ({"distributed": {"backend": "ray"}}, "distributed.backend", "one process"),
-        ({"rollout": {"engine": "vllm"}}, "rollout.engine", "HF engine"),
         ({"algorithm": {"advantage": {"name": "gae_token"}}}, "algorithm.advantage.name", "no critic"),
         # async samples while the learner updates, as with one policy: the engine needs its own copy
         (

@@ -52,10 +52,9 @@ def test_an_engine_copy_holds_every_adapter_and_takes_those_that_updated(tiny_ch
     pushed = []
     take = engine.update_weights
 
-    def recording(named_tensors, version=None):
-        pairs = list(named_tensors)
-        pushed.append((version, sorted({adapter_of(name) for name, _ in pairs})))
-        take(pairs, version)
+    def recording(adapters, version=None):
+        pushed.append((version, sorted(adapters)))  # {adapter: LoraWeights}
+        take(adapters, version)
 
     engine.update_weights = recording
     trainer.fit()

@@ -158,10 +158,12 @@ def test_client_reports_too_long_prompt_as_length(engine, tiny_tokenizer):
 
 
 def flaky_server_app(failures: int, delay_s: float = 0.0) -> tuple[web.Application, dict]:
-    """Test double: answers 503 ``failures`` times, then a fixed completion; records concurrency."""
-    state = {"calls": 0, "in_flight": 0, "max_in_flight": 0}
+    """Test double: answers 503 ``failures`` times, then a fixed completion; records concurrency and
+    the model each request named."""
+    state = {"calls": 0, "in_flight": 0, "max_in_flight": 0, "models": []}
 
     async def completions(request: web.Request) -> web.Response:
+        state["models"].append((await request.json())["model"])
         state["calls"] += 1
         state["in_flight"] += 1
         state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
@@ -226,6 +228,48 @@ def test_client_gives_up_with_an_abort_and_limits_concurrency():
     assert timed_out.finish_reason is StopReason.ABORT and "TimeoutError" in timed_out.error
     assert all(r.token_ids == (97, 98) for r in results)
     assert state["max_in_flight"] == 2
+
+
+def test_client_sends_each_role_as_its_model_name_and_aborts_an_unknown_role():
+    """``roles``: a request goes out under its role's model name (e.g. a vLLM LoRA module); a request
+    with no role or a role not served is answered at once, without a request to the server."""
+    app, state = flaky_server_app(failures=0)
+    roles = {"planner": "alpha-lora", "executor": "beta-lora", "judge": "base"}
+
+    async def main():
+        async with serving(app) as url:
+            client = OpenAIEngine(f"{url}/v1", "unused", roles=roles)
+            served = await asyncio.gather(
+                *(
+                    client.generate([1], SamplingParams(role=r))
+                    for r in ("planner", "executor", "judge", "planner")
+                )
+            )
+            unknown = await client.generate([1], SamplingParams(role="critic"))
+            no_role = await client.generate([1], SamplingParams())
+            await client.aclose()
+            one = OpenAIEngine(f"{url}/v1", "m")  # roles=None: the role is ignored
+            ignored = await one.generate([1], SamplingParams(role="anyone"))
+            await one.aclose()
+        return served, unknown, no_role, ignored
+
+    served, unknown, no_role, ignored = asyncio.run(main())
+    assert all(c.error is None and c.token_ids == (97, 98) for c in [*served, ignored])
+    assert sorted(state["models"]) == sorted(["alpha-lora", "beta-lora", "base", "alpha-lora", "m"])
+    for refused in (unknown, no_role):
+        assert refused.finish_reason is StopReason.ABORT and refused.token_ids == ()
+        assert "['executor', 'judge', 'planner']" in refused.error
+    assert "unknown role 'critic'" in unknown.error and "role is None" in no_role.error
+    assert (
+        OpenAIEngine("http://x/v1", "m", roles={"p": "a"}).request_body([1], SamplingParams(role="p"))[
+            "model"
+        ]
+        == "a"
+    )
+    with pytest.raises(ValueError, match="at least one role"):
+        OpenAIEngine("http://x/v1", "m", roles={})
+    with pytest.raises(TypeError, match="model name"):
+        OpenAIEngine("http://x/v1", "m", roles={"p": None})
 
 
 def free_port() -> int:

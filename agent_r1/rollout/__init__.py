@@ -13,14 +13,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from agent_r1.rollout.base import Engine, NamedTensors
+from agent_r1.rollout.base import Engine, LoraWeights, NamedTensors
 
 if TYPE_CHECKING:
     from agent_r1.rollout.hf import HFEngine
     from agent_r1.rollout.openai_client import OpenAIEngine
     from agent_r1.rollout.vllm_engine import VLLMEngine
 
-__all__ = ["Engine", "HFEngine", "NamedTensors", "OpenAIEngine", "VLLMEngine"]
+__all__ = ["Engine", "HFEngine", "LoraWeights", "NamedTensors", "OpenAIEngine", "VLLMEngine"]
 
 _LAZY = {
     "HFEngine": "agent_r1.rollout.hf",

@@ -14,17 +14,29 @@ log-softmax); see ``agent_r1.types`` and, for vLLM's deviation under truncation,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from agent_r1.types import Completion, SamplingParams
 
-__all__ = ["Engine", "NamedTensors"]
+__all__ = ["Engine", "LoraWeights", "NamedTensors"]
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 """Weights as ``(hugging_face_parameter_name, tensor)`` pairs, e.g. ``model.named_parameters()``."""
+
+
+@dataclass(frozen=True)
+class LoraWeights:
+    """One LoRA adapter in memory, as peft saves it to a folder (``save_pretrained``): ``config`` is
+    its ``adapter_config.json`` (``LoraConfig.to_dict()``, sets as lists), ``tensors`` its
+    ``adapter_model.safetensors`` (``get_peft_model_state_dict``: ``...q_proj.lora_A.weight``, no
+    adapter name). Picklable, so it can travel to an engine in another process."""
+
+    config: Mapping[str, Any]
+    tensors: Mapping[str, torch.Tensor]
 
 
 @runtime_checkable

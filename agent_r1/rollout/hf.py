@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import re
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agent_r1.rollout import cascade
-from agent_r1.rollout.base import NamedTensors
+from agent_r1.rollout.base import LoraWeights, NamedTensors
 from agent_r1.rollout.hf_scheduler import Request, Scheduler
 from agent_r1.rollout.prefix_store import BASE_ADAPTER
 from agent_r1.rollout.prompt_checks import refuse_prompt
@@ -236,12 +237,18 @@ class HFEngine:
             request.cancelled = True
             raise
 
-    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
-        """Copy ``(name, tensor)`` pairs into the live model between decode steps.
+    def update_weights(
+        self, named_tensors: NamedTensors | Mapping[str, LoraWeights], version: int | None = None
+    ) -> None:
+        """Copy ``(name, tensor)`` pairs into the live model between decode steps; or, given
+        ``{adapter: LoraWeights}`` (what the learner of several policies exports), load each into the
+        adapter of that name on this engine's peft model.
 
         Names are the model's ``state_dict`` keys (Hugging Face names). An unknown name raises
         ``KeyError`` listing a few valid ones, before anything is copied.
         """
+        if isinstance(named_tensors, Mapping):
+            named_tensors = self._adapter_pairs(named_tensors)
         state = self.model.state_dict()
         pairs = list(named_tensors)
         unknown = [name for name, _ in pairs if name not in state]
@@ -254,6 +261,18 @@ class HFEngine:
             for name, tensor in pairs:
                 state[name].copy_(tensor)
         self.weight_version = version
+
+    def _adapter_pairs(self, adapters: Mapping[str, LoraWeights]) -> list[tuple[str, torch.Tensor]]:
+        """``{adapter: LoraWeights}`` as this model's ``(state_dict name, tensor)`` pairs: peft saves
+        ``...lora_A.weight``, the model holds ``...lora_A.<adapter>.weight``."""
+        missing = [name for name in adapters if name not in getattr(self.model, "peft_config", {})]
+        if missing:
+            raise KeyError(f"HFEngine.update_weights: no adapter(s) {missing} on this engine's model")
+        return [
+            (re.sub(r"\.(lora_[A-Za-z_]+)\.", rf".\1.{adapter}.", name, count=1), tensor)
+            for adapter, weights in adapters.items()
+            for name, tensor in weights.tensors.items()
+        ]
 
     async def prompt_logprobs(
         self, prompt_ids: Sequence[int], top_k: int = 0

@@ -13,6 +13,10 @@ Failures: connection errors, timeouts, HTTP 429 and 5xx are retried with exponen
 ``Completion(finish_reason=ABORT, error=...)`` (``LENGTH`` when the server says the prompt exceeds
 the context) — one failing request fails only its trajectory. ``max_concurrency`` bounds the
 requests in flight from this engine.
+
+Several roles (``roles=``): each role is a model name on the server, e.g. a LoRA module of
+``vllm serve --enable-lora --lora-modules planner=/path/to/adapter``; a request is sent under the
+model name of its ``SamplingParams.role``.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
 from agent_r1.rollout.base import NamedTensors
+from agent_r1.rollout.prompt_checks import refuse_role
 from agent_r1.types import Completion, SamplingParams, StopReason
 
 __all__ = ["OpenAIEngine"]
@@ -38,7 +43,12 @@ class _Retryable(Exception):
 
 
 class OpenAIEngine:
-    """``generate`` against ``{base_url}/completions`` (``base_url`` ends in ``/v1``)."""
+    """``generate`` against ``{base_url}/completions`` (``base_url`` ends in ``/v1``).
+
+    ``roles``: serve several roles, each a model name on the server (``{role: model name}``); a
+    request is sent as the model of its ``SamplingParams.role``, and one whose role is None or not in
+    ``roles`` is answered at once with ``ABORT`` and an ``error`` naming the roles served. Default
+    None: every request is sent as ``model`` and ``SamplingParams.role`` is ignored (one policy)."""
 
     def __init__(
         self,
@@ -50,6 +60,7 @@ class OpenAIEngine:
         max_concurrency: int = 64,
         backoff_s: float = 0.5,
         api_key: str | None = None,
+        roles: Mapping[str, str] | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"OpenAIEngine: max_concurrency must be >= 1, got {max_concurrency}")
@@ -57,6 +68,7 @@ class OpenAIEngine:
             raise ValueError(f"OpenAIEngine: max_retries must be >= 0, got {max_retries}")
         self.url = base_url.rstrip("/") + "/completions"
         self.model = model
+        self.roles = None if roles is None else _checked_roles(roles)
         self.timeout = timeout
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
@@ -84,7 +96,7 @@ class OpenAIEngine:
 
     def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": self.model if self.roles is None else self.roles[params.role],
             "prompt": [int(t) for t in prompt_ids],
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
@@ -107,6 +119,9 @@ class OpenAIEngine:
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Sample one response; see ``agent_r1.rollout.base.Engine.generate``."""
+        refused = refuse_role("OpenAIEngine", params.role, self.roles)
+        if refused is not None:
+            return refused
         session, semaphore = self._session()
         body = self.request_body(prompt_ids, params)
         last_error = ""
@@ -151,6 +166,17 @@ class OpenAIEngine:
             "OpenAIEngine cannot push weights to a remote server; reload the server's model "
             "(e.g. restart it from the new checkpoint) or use HFEngine / VLLMEngine in process"
         )
+
+
+def _checked_roles(roles: Mapping[str, str]) -> dict[str, str]:
+    if not roles:
+        raise ValueError("OpenAIEngine: roles must name at least one role (or be None: one policy)")
+    for role, model in roles.items():
+        if not isinstance(role, str) or not role:
+            raise TypeError(f"OpenAIEngine: roles keys must be non-empty str role names, got {role!r}")
+        if not isinstance(model, str) or not model:
+            raise TypeError(f"OpenAIEngine: roles[{role!r}] must be the server's model name, got {model!r}")
+    return dict(roles)
 
 
 def _error_message(text: str) -> str:

@@ -348,9 +348,10 @@ class LocalLearner:
     def teacher_logprobs(self, micro_batches, num_tokens: int) -> Tensor:
         return self.teacher.logprobs(micro_batches, num_tokens)
 
-    def weights(self) -> Callable[[], list[tuple[str, Tensor]]]:
-        """For an engine's own copy: the merged weights (``export_weights``); with several policies
-        the adapters that changed since the previous sync, by name (``PolicyLearners.weights``)."""
+    def weights(self) -> Callable[[], Any]:
+        """What an engine's own copy takes after an update: the merged weights (``export_weights``);
+        with several policies ``{adapter: LoraWeights}`` of the adapters that changed since the
+        previous sync (``PolicyLearners.weights``), which the HF and vLLM engines both load."""
         if isinstance(self.policy, PolicyLearners):
             return self.policy.weights()
         model = self.policy.model
@@ -636,7 +637,8 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     except BaseException:
         rollouts.close()
         raise
-    if parts.model is not None and rollouts.owns_engine and not rollouts.shares_model:
-        # An engine that loaded model.path (vLLM) must start from the policy passed in.
+    if rollouts.owns_engine and not rollouts.shares_model and (parts.model is not None or config.policies):
+        # An engine that loaded model.path (vLLM) must start from the policy passed in, and from each
+        # trained policy's adapter (it loads none of its own).
         rollouts.update_weights(learner.weights(), 0)
     return Backends(rollouts, learner, model.config, device, model)

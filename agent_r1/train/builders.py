@@ -307,10 +307,12 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None):
         # One request at a time, never a stored prefix: each response is then computed from its own
         # tokens alone, whichever requests happen to be live at once (docs/training.md, Determinism).
         kwargs.update(max_batch_size=1, prefix_cache_entries=0)
-    if config.policies and rollout.engine == "hf":
+    if config.policies:
         from agent_r1.train.policies import engine_roles
 
         kwargs["roles"] = engine_roles(config)  # every role's adapter, served in one batch
+        if rollout.engine == "vllm":
+            kwargs.setdefault("max_lora_rank", config.model.lora.rank)
     try:
         return build_engine(
             rollout.engine,

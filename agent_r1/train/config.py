@@ -736,7 +736,6 @@ def _check_policies(config: TrainConfig) -> None:
         )
     unsupported = (
         ("distributed.backend", config.distributed.backend != "none", "runs in one process for now"),
-        ("rollout.engine", config.rollout.engine != "hf", "is served by the HF engine for now"),
         ("algorithm.advantage.name", _needs_critic(config), "has no critic per policy yet"),
     )
     for key, refused, why in unsupported:

@@ -7,12 +7,13 @@ name on the one shared base model (``load_policy(..., adapters=trained_policies(
 its own optimizer and schedule; a frozen policy is the base
 model with every adapter off.
 
-- Sampling: the HF engine serves every role in one batch (``HFEngine(roles=...)``, from
-  ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter. It shares the learner's
-  model (``rollout.share_model``), or holds its own copy of it, every adapter included
-  (``agent_r1.train.backends.engine_copy``; ``trainer.mode: async`` needs one): each weight sync then
-  pushes, by name, the adapter weights of the policies that updated since the previous sync
-  (``PolicyLearners.weights``); the base and a frozen policy never change.
+- Sampling: the engine serves every role in one batch (``HFEngine`` / ``VLLMEngine`` ``roles=``, from
+  ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter. The HF engine shares
+  the learner's model (``rollout.share_model``) or holds its own copy of it, every adapter included
+  (``agent_r1.train.backends.engine_copy``; ``trainer.mode: async`` needs one); vLLM holds its own
+  copy of each adapter. Each weight sync to an engine's own copy pushes the adapters of the policies
+  that updated since the previous sync (``PolicyLearners.weights``: ``{adapter: LoraWeights}``,
+  ``export_adapters``); the base and a frozen policy never change.
 - Credit: groups are (task, role) (``agent_r1.flows.base.split_roles``), so each role's baseline
   compares it with its own samples.
 - Learning: the kept groups are split by the policy that plays their role (``by_policy``); each
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch
 
+from agent_r1.rollout.base import LoraWeights
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.types import TrajectoryGroup
 
@@ -43,6 +45,7 @@ __all__ = [
     "adapter_parameters",
     "by_policy",
     "engine_roles",
+    "export_adapters",
     "policy_of",
     "role_metrics",
     "trained_policies",
@@ -88,6 +91,22 @@ def adapter_of(key: str) -> str | None:
     """The adapter a peft parameter name belongs to (``...lora_A.<adapter>.weight``), or None."""
     parts = key.split(".")
     return next((parts[i + 1] for i, part in enumerate(parts[:-1]) if part.startswith("lora_")), None)
+
+
+def export_adapters(model, adapters: Sequence[str]) -> dict[str, LoraWeights]:
+    """Each of ``adapters`` as peft's ``save_pretrained`` would write it, in memory (``LoraWeights``):
+    what an engine holding its own copy of the adapters loads (``VLLMEngine.update_adapters``)."""
+    from peft.utils import get_peft_model_state_dict
+
+    out = {}
+    for adapter in adapters:
+        # adapter_config.json, as peft writes it (sets as lists)
+        config = {
+            k: sorted(v) if isinstance(v, set) else v for k, v in model.peft_config[adapter].to_dict().items()
+        }
+        tensors = get_peft_model_state_dict(model, adapter_name=adapter)
+        out[adapter] = LoraWeights(config, {name: t.detach() for name, t in tensors.items()})
+    return out
 
 
 def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:
@@ -140,20 +159,21 @@ class PolicyLearners:
         self.learners = dict(learners)
         first = next(iter(self.learners.values()))
         self.model, self.sync = first.model, first.sync
-        self.updated: set[str] = set()
+        self.updated: set[str] = set(self.learners)  # what an engine's own copy has not taken yet
 
     def of(self, name: str) -> AdapterLearner:
         return AdapterLearner(self.learners[name], name, self.updated)
 
-    def weights(self) -> Callable[[], list[tuple[str, torch.Tensor]]]:
-        """For an engine's own copy of the model (``agent_r1.train.backends.engine_copy``): a function
-        returning the ``(name, tensor)`` pairs, under the peft model's names, of every adapter in
-        ``updated`` (then emptied), called when the engine takes them."""
+    def weights(self) -> Callable[[], dict[str, LoraWeights]]:
+        """For an engine's own copy of the adapters (``agent_r1.train.backends.engine_copy``, vLLM): a
+        function returning ``{adapter: LoraWeights}`` of every adapter in ``updated`` (then emptied),
+        called when the engine takes them. A fresh learner counts every adapter as updated, so an
+        engine that holds none yet (vLLM) gets them all first."""
 
-        def changed() -> list[tuple[str, torch.Tensor]]:
-            names = self.updated & set(self.learners)
+        def changed() -> dict[str, LoraWeights]:
+            names = [name for name in self.learners if name in self.updated]
             self.updated.clear()
-            return [(key, p.detach()) for key, p in self.model.named_parameters() if adapter_of(key) in names]
+            return export_adapters(self.model, names)
 
         return changed
 

@@ -12,8 +12,13 @@ weights reached every engine. ``check_trainer_vllm.py none async`` trains 3 step
 ``trainer.mode: async`` in this process (the vLLM engine samples on a rollout thread while the learner
 updates; partial rollouts): every step's sampler log-probs must match the weights of the version it
 records (checkpoint step_00000v; version 0 the initial weights), so each update reached the engine
-between requests, mid-rollout. Prints one JSON object of measurements; exits non-zero on a failed
-check.
+between requests, mid-rollout. ``check_trainer_vllm.py none policies`` trains 2 steps of two
+policies (``policies: {low, high}``, each a LoRA adapter, on ``trainer_envs:LowHighEnv``) with one
+vLLM engine serving both roles: the learner sends each trained adapter after its update and the
+engine loads it as a new version; step 2's log-probs of each role must match a Hugging Face forward
+under that role's adapter of checkpoint step_000001 (and not the other's, nor the base model's).
+``... none policies frozen`` freezes ``high``: it samples with the base model, beside ``low``'s adapter.
+Prints one JSON object of measurements; exits non-zero on a failed check.
 """
 
 from __future__ import annotations
@@ -60,7 +65,9 @@ def step_gap(model_of, trajectories) -> float:
     return float(torch.cat(gaps).max())
 
 
-def main(backend: str, mode: str = "sync") -> int:
+def main(backend: str, mode: str = "sync", *options: str) -> int:
+    if mode == "policies":
+        return check_policies(frozen="frozen" in options)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = save_tiny_checkpoint(Path(tmp) / "model", seed=0)
         run_dir = Path(tmp) / "run"
@@ -164,6 +171,88 @@ def check_versions(run_dir: Path, checkpoint: Path) -> int:
     assert set(results["versions_by_step"][3]) <= {1, 2}, results
     assert results["gap_to_recorded_version"] < 1e-2, results
     assert results["gap_to_initial_weights"] > 10 * max(results["gap_to_recorded_version"], 1e-3), results
+    return 0
+
+
+def check_policies(frozen: bool) -> int:
+    """Two policies, one vLLM engine: step 2 samples each role with its adapter as step 1 trained it
+    (``frozen``: the high role with the base model)."""
+    from peft import PeftModel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = save_tiny_checkpoint(Path(tmp) / "model", seed=0)
+        run_dir = Path(tmp) / "run"
+        config = config_from_dict(
+            {
+                "model": {"path": str(checkpoint), "lora": {"rank": 4, "alpha": 8}},
+                "env": {"name": "trainer_envs:LowHighEnv"},
+                "rollout": {
+                    "n": 4,
+                    "max_tokens": 8,
+                    "max_steps": 2,
+                    "temperature": TEMPERATURE,
+                    "engine": "vllm",
+                    "engine_kwargs": {
+                        "max_model_len": 256,
+                        "enforce_eager": True,
+                        "kv_cache_memory_bytes": 64 << 20,
+                    },
+                },
+                "trainer": {
+                    "steps": 2,
+                    "tasks_per_step": 4,
+                    "lr": 1e-1,  # large, so that one step moves each adapter well past vLLM's gap
+                    "run_dir": str(run_dir),
+                    "micro_batch_tokens": 64,
+                    "mini_batches": 1,
+                    "checkpoint_every": 1,
+                    "torch_threads": 1,
+                },
+                "logging": {"progress": False, "tensorboard": False},
+                "policies": {"low": {}, "high": {"frozen": True} if frozen else {}},
+            }
+        )
+        trainer = Trainer(config, train_tasks=tasks(8))
+        metrics = trainer.fit()
+        assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values()), metrics
+        trainer.close()
+        first = list(read_jsonl(run_dir / "trajectories" / "step_000001.jsonl"))
+        trajectories = list(read_jsonl(run_dir / "trajectories" / "step_000002.jsonl"))
+        synced = run_dir / "checkpoints" / "step_000001" / "model"
+        model = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32),
+            synced / "low",
+            adapter_name="low",
+        )
+        if not frozen:
+            model.load_adapter(synced / "high", adapter_name="high")
+        model.eval()
+        adapters = ("low", None) if frozen else ("low", "high", None)
+
+        def gap(role: str, adapter: str | None) -> float:
+            mine = [t for t in trajectories if t.role == role]
+            if adapter is None:
+                with model.disable_adapter():
+                    return recomputed_gap(model, mine)
+            model.set_adapter(adapter)
+            return recomputed_gap(model, mine)
+
+        results = {
+            "roles": sorted({t.role for t in trajectories}),
+            # step 1 sampled with the adapters the learner sent before it (an engine without them aborts)
+            "step_1_errors": [t.error for t in first if t.error],
+            "policy_versions_sampled": sorted({s.policy_version for t in trajectories for s in t.steps}),
+            **{f"gap_{role}_to_{a or 'base'}": gap(role, a) for role in ("low", "high") for a in adapters},
+        }
+    print("RESULT " + json.dumps(results))
+    assert results["roles"] == ["high", "low"] and not results["step_1_errors"], results
+    assert results["policy_versions_sampled"] == [1], results
+    plays = {"low": "low", "high": None if frozen else "high"}  # role -> the adapter that plays it
+    for role, adapter in plays.items():
+        own = results[f"gap_{role}_to_{adapter or 'base'}"]
+        assert own < 1e-2, results  # vLLM's kernels vs HF (docs/rollout.md)
+        others = [results[f"gap_{role}_to_{a or 'base'}"] for a in adapters if a != adapter]
+        assert min(others) > 10 * max(own, 1e-3), results
     return 0
 
 

@@ -29,6 +29,19 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 ENV = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
 LOGPROB_TOLERANCE = 1e-3  # vLLM's sampled log-probs vs a Hugging Face forward of the same tokens (fp32)
 
+
+def served(command: list[str], main, tmp_path: Path):
+    """``asyncio.run(main(server))`` while ``vllm serve`` runs ``command`` as ``server`` (its log in
+    ``tmp_path``)."""
+    with open(tmp_path / "vllm_serve.log", "w") as log:
+        server = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            return asyncio.run(main(server))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(
@@ -133,7 +146,7 @@ def test_openai_engine_against_vllm_serve(tiny_checkpoint, tmp_path):
     prompts = [[10 + (i * 7) % 200 for i in range(n)] for n in (4, 21, 50)]
     params = [SamplingParams(max_tokens=16, seed=s, temperature=t) for s, t in ((1, 1.0), (2, 0.8), (3, 0.0))]
 
-    async def main():
+    async def main(server):
         url = f"http://127.0.0.1:{port}"
         await wait_healthy(url, server, timeout_s=600)
         client = OpenAIEngine(f"{url}/v1", "tiny", max_concurrency=4)
@@ -144,13 +157,7 @@ def test_openai_engine_against_vllm_serve(tiny_checkpoint, tmp_path):
         await client.aclose()
         return results
 
-    with open(tmp_path / "vllm_serve.log", "w") as log:
-        server = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            *completions, too_long = asyncio.run(main())
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+    *completions, too_long = served(command, main, tmp_path)
 
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
     gaps = []
@@ -292,7 +299,7 @@ def test_openai_engine_roles_against_vllm_serve_lora_modules(
         ("planner", [5 + (i * 3) % 200 for i in range(25)], SamplingParams(max_tokens=12, seed=3)),
     ]  # fmt: skip
 
-    async def main():
+    async def main(server):
         url = f"http://127.0.0.1:{port}"
         await wait_healthy(url, server, timeout_s=600)
         client = OpenAIEngine(f"{url}/v1", "tiny", roles=roles, max_concurrency=4)
@@ -303,13 +310,7 @@ def test_openai_engine_roles_against_vllm_serve_lora_modules(
         await client.aclose()
         return results
 
-    with open(tmp_path / "vllm_serve.log", "w") as log:
-        server = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            *completions, unknown = asyncio.run(main())
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+    *completions, unknown = served(command, main, tmp_path)
 
     assert unknown.finish_reason is StopReason.ABORT and "unknown role 'critic'" in unknown.error
     records = []

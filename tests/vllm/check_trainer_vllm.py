@@ -42,6 +42,15 @@ from agent_r1.types import read_jsonl
 
 TESTS = str(Path(__file__).resolve().parent.parent)
 TEMPERATURE = 1.0
+ROLLOUT = {
+    "n": 4,
+    "max_tokens": 8,
+    "max_steps": 2,
+    "temperature": TEMPERATURE,
+    "engine": "vllm",
+    "engine_kwargs": {"max_model_len": 256, "enforce_eager": True, "kv_cache_memory_bytes": 64 << 20},
+}
+"""The rollout section of every trainer run here: vLLM in this process, small and eager."""
 
 
 def recomputed_gap(model, trajectories) -> float:
@@ -75,18 +84,7 @@ def main(backend: str, mode: str = "sync", *options: str) -> int:
             {
                 "model": {"path": str(checkpoint)},
                 "env": {"name": "trainer_envs:LowByteEnv"},
-                "rollout": {
-                    "n": 4,
-                    "max_tokens": 8,
-                    "max_steps": 2,
-                    "temperature": TEMPERATURE,
-                    "engine": "vllm",
-                    "engine_kwargs": {
-                        "max_model_len": 256,
-                        "enforce_eager": True,
-                        "kv_cache_memory_bytes": 64 << 20,
-                    },
-                },
+                "rollout": ROLLOUT,
                 "trainer": {
                     "steps": 3 if mode == "async" else 2,
                     "mode": mode,
@@ -186,18 +184,7 @@ def check_policies(frozen: bool) -> int:
             {
                 "model": {"path": str(checkpoint), "lora": {"rank": 4, "alpha": 8}},
                 "env": {"name": "trainer_envs:LowHighEnv"},
-                "rollout": {
-                    "n": 4,
-                    "max_tokens": 8,
-                    "max_steps": 2,
-                    "temperature": TEMPERATURE,
-                    "engine": "vllm",
-                    "engine_kwargs": {
-                        "max_model_len": 256,
-                        "enforce_eager": True,
-                        "kv_cache_memory_bytes": 64 << 20,
-                    },
-                },
+                "rollout": ROLLOUT,
                 "trainer": {
                     "steps": 2,
                     "tasks_per_step": 4,

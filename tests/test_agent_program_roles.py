@@ -197,16 +197,7 @@ MULTIPLY = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool
 async def sdk_handoff(task, client) -> AgentResult:
     """Two Agents SDK agents, one model name (role) each: the planner hands off to the executor."""
     import agents
-
-    @agents.function_tool
-    def multiply(a: int, b: int) -> int:
-        """Multiply two integers.
-
-        Args:
-            a: the first factor.
-            b: the second factor.
-        """
-        return a * b
+    from test_gateway_agents_sdk import multiply  # the SDK tool the other SDK tests use
 
     def model(role: str):
         return agents.OpenAIChatCompletionsModel(model=role, openai_client=client)

@@ -295,3 +295,41 @@ def test_a_policy_updates_as_if_it_were_alone(tiny_checkpoint):
         for n, v in moved.items()
         if ".low." in n
     )
+
+
+def test_no_kept_group_is_nothing_to_learn(tiny_checkpoint, tmp_path):
+    """A step whose every group was dropped skips the update, with one policy as with several."""
+    one = config_from_dict({"model": {"path": str(tiny_checkpoint)}})
+    assert by_policy(one, []) == []
+    assert by_policy(_policies_config(tiny_checkpoint, tmp_path), []) == []
+
+
+def test_a_step_with_every_group_dropped_skips_the_update(tiny_checkpoint, tmp_path):
+    """DAPO's filter drops every group (all rewards agree): the step trains nothing and says so."""
+    from trainer_envs import LowByteEnv
+
+    from agent_r1.train.config import config_from_dict as build
+
+    config = build(
+        {
+            "model": {"path": str(tiny_checkpoint)},
+            "rollout": {"n": 2, "max_tokens": 4, "max_steps": 1},
+            "algorithm": {"dynamic_filter": True},
+            "trainer": {"steps": 1, "tasks_per_step": 2, "run_dir": str(tmp_path / "run"), "eval_every": 0},
+            "logging": {"progress": False, "tensorboard": False},
+        }
+    )
+    from agent_r1.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_checkpoint)
+    trainer = Trainer(
+        config,
+        tokenizer=tokenizer,
+        env_factory=lambda: LowByteEnv(tokenizer, turns=1),
+        train_tasks=tasks(2),
+        reward_fn=lambda trajectory, task: -sum(s.reward for s in trajectory.steps),  # every return 0
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    metrics = trainer.fit()
+    assert metrics["update/skipped"] == 1.0 and metrics["filter/zero_variance_groups"] == 2
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())

@@ -198,9 +198,10 @@ class PolicyLearners:
 
 def by_policy(config: TrainConfig, groups: Sequence[TrajectoryGroup]) -> list[tuple[str | None, list]]:
     """The kept groups of each trained policy (in the config's order), by the policy that plays each
-    group's role; ``[(None, groups)]`` with one policy. Frozen policies' groups are left out."""
+    group's role; ``[(None, groups)]`` with one policy. Frozen policies' groups are left out, and a
+    policy with no group (or no group at all) has no entry: nothing to learn."""
     if not config.policies:
-        return [(None, list(groups))]
+        return [(None, list(groups))] if groups else []
     split: dict[str, list[TrajectoryGroup]] = {name: [] for name in trained_policies(config)}
     for group in groups:
         name = policy_of(config, group.role)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import aiohttp
 
-__all__ = ["PromptLogprobsError", "prompt_logprobs", "served_model"]
+__all__ = ["PromptLogprobsError", "prompt_logprobs", "served_model", "served_models"]
 
 
 class PromptLogprobsError(RuntimeError):
@@ -27,8 +27,8 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def served_model(base_url: str, *, api_key: str | None = None, timeout: float = 30.0) -> str:
-    """The first model ``GET {base_url}/models`` lists."""
+async def served_models(base_url: str, *, api_key: str | None = None, timeout: float = 30.0) -> list[str]:
+    """The ids of the models ``GET {base_url}/models`` lists (at least one)."""
     url = base_url.rstrip("/") + "/models"
     try:
         async with (
@@ -40,11 +40,19 @@ async def served_model(base_url: str, *, api_key: str | None = None, timeout: fl
             text = await response.text()
             if response.status != 200:
                 raise PromptLogprobsError(f"GET {url}: HTTP {response.status}: {text[:300]}")
-            return json.loads(text)["data"][0]["id"]
+            models = [entry["id"] for entry in json.loads(text)["data"]]
     except (aiohttp.ClientError, asyncio.TimeoutError) as error:
         raise PromptLogprobsError(f"GET {url}: {type(error).__name__}: {error}") from None
-    except (KeyError, IndexError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError) as error:
         raise PromptLogprobsError(f"GET {url} listed no model ({error})") from None
+    if not models:
+        raise PromptLogprobsError(f"GET {url} listed no model")
+    return models
+
+
+async def served_model(base_url: str, *, api_key: str | None = None, timeout: float = 30.0) -> str:
+    """The first model ``GET {base_url}/models`` lists."""
+    return (await served_models(base_url, api_key=api_key, timeout=timeout))[0]
 
 
 def _token_logprobs(ids: Sequence[int], entries, url: str) -> list[float]:

@@ -248,8 +248,24 @@ class LocalRollout:
 
     def collect(self, job: _LocalJob) -> list[TrajectoryGroup]:
         if job.groups is None:
-            job.groups = job.running.result() if job.running is not None else asyncio.run(self._run(job))
+            job.groups = (
+                job.running.result() if job.running is not None else asyncio.run(self._run_alone(job))
+            )
         return job.groups
+
+    async def _run_alone(self, job: _LocalJob) -> list[TrajectoryGroup]:
+        """``job`` on an event loop that ends with it, and the engine's HTTP sessions on it."""
+        try:
+            return await self._run(job)
+        finally:
+            await self._close_sessions()
+
+    async def _close_sessions(self) -> None:
+        """The engine's HTTP sessions on this event loop (``aclose``: a server policy's
+        ``OpenAIEngine``, through ``RoleRouter``), closed before the loop ends."""
+        aclose = getattr(self.raw_engine, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
     async def _run(self, job: _LocalJob) -> list[TrajectoryGroup]:
         job.started = job.started or time.time()
@@ -299,6 +315,7 @@ class LocalRollout:
                 close()
         finally:
             if self._thread is not None:
+                self._thread.run(self._close_sessions()).result()
                 self._thread.close()
                 self._thread = None
 
@@ -457,9 +474,12 @@ def local_rollout(
     copy synced after each update); None for evaluation alone (the engine loads ``model.path``).
     ``engine`` / ``flow`` / ``eval_flow`` / ``make_env``: pre-built parts that replace the configured
     ones. ``with_eval``: build the evaluation flow too. ``background``: rollouts run on a rollout
-    thread while the learner trains (``trainer.mode: async``).
+    thread while the learner trains (``trainer.mode: async``). With several policies, the roles of a
+    policy sampled by a server go to it (``RoleRouter`` around the engine, ``server_engines``).
     """
+    from agent_r1.rollout.router import RoleRouter
     from agent_r1.train.builders import rollout_engine, rollout_flows
+    from agent_r1.train.policies import server_engines
 
     flow, eval_flow = rollout_flows(
         config, tokenizer, flow=flow, eval_flow=eval_flow, make_env=make_env, with_eval=with_eval
@@ -472,6 +492,9 @@ def local_rollout(
             shares_model = rollout.share_model
             source = model if shares_model else engine_copy(model, config)
         engine = rollout_engine(config, tokenizer, source, device=None if model is not None else device)
+    servers = server_engines(config) if config.policies else {}
+    if servers:  # the roles of policies sampled by a server go there, every other to the engine
+        engine = RoleRouter(engine, servers)
     if background and model is not None and getattr(engine, "model", None) is model:
         raise ConfigError(
             "trainer.mode",
@@ -611,7 +634,7 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     an engine and flows around it (``local_rollout``), its learner and critic (``local_learner``)."""
     from agent_r1.train.builders import check_attention, resolve_device
     from agent_r1.train.learner import load_policy
-    from agent_r1.train.policies import trained_policies
+    from agent_r1.train.policies import load_saved_adapters, trained_policies
 
     check_attention(config)
     configured = resolve_device(config)  # checked also when a model is passed in
@@ -619,7 +642,10 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     if model is None:
         if not config.model.path:
             raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
-        model = load_policy(config.model, adapters=trained_policies(config)).to(configured)
+        model = load_policy(config.model, adapters=trained_policies(config))
+        if config.policies:
+            load_saved_adapters(model, config)  # policies.<name>.adapter
+        model = model.to(configured)
     device = next(model.parameters()).device
     rollouts = local_rollout(
         config,

@@ -308,13 +308,13 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None):
         # tokens alone, whichever requests happen to be live at once (docs/training.md, Determinism).
         kwargs.update(max_batch_size=1, prefix_cache_entries=0)
     if config.policies:
-        from agent_r1.train.policies import engine_roles
+        from agent_r1.train.policies import engine_roles, max_adapter_rank
 
         kwargs["roles"] = engine_roles(config)  # every role's adapter, served in one batch
         if rollout.engine == "vllm":
-            kwargs.setdefault("max_lora_rank", config.model.lora.rank)
+            kwargs.setdefault("max_lora_rank", max_adapter_rank(config))
     try:
-        return build_engine(
+        engine = build_engine(
             rollout.engine,
             base_path(config) if source is None else source,
             tokenizer=tokenizer,
@@ -324,6 +324,13 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None):
         )
     except EngineUnavailable as error:
         raise ConfigError("rollout.engine", str(error)) from None
+    if config.policies and rollout.engine == "vllm":
+        from agent_r1.train.policies import adapter_folders
+
+        frozen = adapter_folders(config)
+        if frozen:  # loaded once from their folders: the learner sends trained adapters only
+            engine.update_adapters(frozen)
+    return engine
 
 
 def build_learners(

@@ -465,11 +465,35 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
+    """How one policy of ``policies`` is held (docs/multi_agent.md): a LoRA adapter of its name on
+    the shared base, trained unless ``frozen``; frozen, it is the base model with every adapter off,
+    the adapter saved in ``adapter``, or the model of an OpenAI-compatible ``server``."""
+
     frozen: bool = _opt(
         False,
-        "Not trained: the base model with every adapter off, sampled as it is (a fixed partner or opponent).",
+        "Not trained, sampled as it is (a fixed partner or opponent): the base model with every adapter "
+        "off, or the adapter in `adapter`, or the model of `server`.",
     )
     lr: float | None = _opt(None, "This policy's learning rate; default trainer.lr.", _optional(_positive))
+    adapter: str | None = _opt(
+        None,
+        "A LoRA adapter folder that peft saved (save_pretrained: adapter_config.json and its weights; "
+        "a checkpoint's model/<policy>/, or model/ of a one-policy run), loaded onto the shared base "
+        "under this policy's name with its own rank and target modules. Frozen: sampled as it is; "
+        "trained: the adapter starts from these weights, with a fresh optimizer.",
+    )
+    server: str | None = _opt(
+        None,
+        "Frozen only: the base URL (http://host:port/v1) of an OpenAI-compatible server (vllm serve, "
+        "agent-r1 serve) that samples this policy's roles instead of the local engine. Prompts go as "
+        "token ids and responses come back as token ids: the server must share the policy's tokenizer.",
+    )
+    model: str | None = _opt(
+        None, "Server policy: the model name sent with each request; None: the server's first model."
+    )
+    api_key_env: str | None = _opt(
+        None, "Server policy: the environment variable holding its API key (sent as a Bearer token)."
+    )
 
 
 @dataclass(frozen=True)
@@ -729,6 +753,7 @@ def _check_policies(config: TrainConfig) -> None:
             raise ConfigError(f"policies.{name}.lr", "a frozen policy has no optimizer: remove lr")
         if name == "__base__" or not name.isidentifier():
             raise ConfigError(f"policies.{name}", "a policy name must be an identifier (it names an adapter)")
+        _check_policy_source(config, name, policy)
     if config.model.lora.rank <= 0:
         raise ConfigError(
             "model.lora.rank",
@@ -741,6 +766,29 @@ def _check_policies(config: TrainConfig) -> None:
     for key, refused, why in unsupported:
         if refused:
             raise ConfigError(key, f"several policies (policies: {sorted(config.policies)}) {why}")
+
+
+def _check_policy_source(config: TrainConfig, name: str, policy: PolicyConfig) -> None:
+    """``adapter`` / ``server`` (and the server's ``model``, ``api_key_env``) of policy ``name``. The
+    adapter folder itself is checked where the run starts (``agent_r1.train.policies.check_adapters``)."""
+    key = f"policies.{name}"
+    if policy.server is not None:
+        if not policy.frozen:
+            raise ConfigError(
+                f"{key}.server", "a policy sampled by a server is not trained here: set frozen: true"
+            )
+        if policy.adapter is not None:
+            raise ConfigError(f"{key}.adapter", "a policy is an adapter or a server, not both")
+        if not policy.server.startswith(("http://", "https://")):
+            raise ConfigError(f"{key}.server", f"must be a URL http://host:port/v1, got {policy.server!r}")
+        if config.trainer.deterministic:
+            raise ConfigError(
+                "trainer.deterministic",
+                f"policy {name!r} is sampled by a server, which batches requests as they come",
+            )
+    for option in ("model", "api_key_env"):
+        if getattr(policy, option) is not None and policy.server is None:
+            raise ConfigError(f"{key}.{option}", "applies to a policy sampled by a server: set server")
 
 
 def _needs_critic(config: TrainConfig) -> bool:
@@ -871,9 +919,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
     The import paths the config names are then found beside the config file, then in the working
     directory (``add_import_dirs``), as well as wherever Python finds installed packages. A relative
-    ``model.path``, ``model.tokenizer``, ``data.train`` or ``data.val`` is taken from the working
-    directory when it exists there, else from the config file's folder when it exists there
-    (``resolve_paths``)."""
+    ``model.path``, ``model.tokenizer``, ``data.train``, ``data.val`` or ``policies.<name>.adapter`` is
+    taken from the working directory when it exists there, else from the config file's folder when it
+    exists there (``resolve_paths``)."""
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text(encoding="utf-8")
@@ -896,19 +944,32 @@ PATH_KEYS = ("model.path", "model.tokenizer", "data.train", "data.val")
 
 
 def resolve_paths(config: TrainConfig, folder: str | Path) -> TrainConfig:
-    """``config`` with each relative path of ``PATH_KEYS`` that does not exist from the working
-    directory but does exist in ``folder`` (the config file's) made absolute; every other value
-    unchanged (a hub name, a path found from the working directory, one found nowhere)."""
-    sections: dict[str, dict[str, Any]] = {}
+    """``config`` with each relative path of ``PATH_KEYS`` (and each ``policies.<name>.adapter``) that
+    does not exist from the working directory but does exist in ``folder`` (the config file's) made
+    absolute; every other value unchanged (a hub name, a path found from the working directory, one
+    found nowhere)."""
+
+    def beside(value: str | None) -> str | None:
+        if not value or Path(value).is_absolute() or Path(value).exists():
+            return None
+        found = Path(folder) / value
+        return str(found.resolve()) if found.exists() else None
+
+    sections: dict[str, dict[str, str]] = {}
     for key in PATH_KEYS:
         section, name = key.split(".")
-        value = getattr(getattr(config, section), name)
-        if not value or Path(value).is_absolute() or Path(value).exists():
-            continue
-        beside = Path(folder) / value
-        if beside.exists():
-            sections.setdefault(section, {})[name] = str(beside.resolve())
-    changes = {section: replace(getattr(config, section), **values) for section, values in sections.items()}
+        found = beside(getattr(getattr(config, section), name))
+        if found:
+            sections.setdefault(section, {})[name] = found
+    changes: dict[str, Any] = {
+        section: replace(getattr(config, section), **values) for section, values in sections.items()
+    }
+    adapters = {name: beside(policy.adapter) for name, policy in config.policies.items()}
+    if any(adapters.values()):
+        changes["policies"] = {
+            name: replace(policy, adapter=adapters[name]) if adapters[name] else policy
+            for name, policy in config.policies.items()
+        }
     return replace(config, **changes) if changes else config
 
 

@@ -4,16 +4,21 @@ A *role* is who acts in an episode (``Observation.role``: a planner, a seat of a
 what plays it and trains from it (``policies:`` in the config, ``roles:`` maps roles to policies, a
 role not listed is played by the policy of its own name). Each trained policy is a LoRA adapter of its
 name on the one shared base model (``load_policy(..., adapters=trained_policies(config))``), with
-its own optimizer and schedule; a frozen policy is the base
-model with every adapter off.
+its own optimizer and schedule, fresh or started from a saved adapter (``policies.<name>.adapter``,
+``load_saved_adapters``). A frozen policy has no optimizer and is never sent by a weight sync: the
+base model with every adapter off; or a saved adapter, loaded onto the shared base under its name
+(not trainable; checkpoints hold it like any adapter); or an OpenAI-compatible server
+(``policies.<name>.server``) that samples its roles instead of the local engine (``server_engines``,
+``agent_r1.rollout.router.RoleRouter``).
 
 - Sampling: the engine serves every role in one batch (``HFEngine`` / ``VLLMEngine`` ``roles=``, from
-  ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter. The HF engine shares
-  the learner's model (``rollout.share_model``) or holds its own copy of it, every adapter included
-  (``agent_r1.train.backends.engine_copy``; ``trainer.mode: async`` needs one); vLLM holds its own
-  copy of each adapter. Each weight sync to an engine's own copy pushes the adapters of the policies
-  that updated since the previous sync (``PolicyLearners.weights``: ``{adapter: LoraWeights}``,
-  ``export_adapters``); the base and a frozen policy never change.
+  ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter; a server policy's
+  roles go to its server. The HF engine shares the learner's model (``rollout.share_model``) or
+  holds its own copy of it, every adapter included (``agent_r1.train.backends.engine_copy``;
+  ``trainer.mode: async`` needs one); vLLM holds its own copy of each adapter (a frozen saved adapter loaded once from its folder). Each weight sync to an
+  engine's own copy pushes the adapters of the policies that updated since the previous sync
+  (``PolicyLearners.weights``: ``{adapter: LoraWeights}``, ``export_adapters``); the base and a
+  frozen policy never change.
 - Credit: groups are (task, role) (``agent_r1.flows.base.split_roles``), so each role's baseline
   compares it with its own samples.
 - Learning: the kept groups are split by the policy that plays their role (``by_policy``); each
@@ -28,8 +33,13 @@ Without ``policies`` there is one policy: every group trains it, and the metrics
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
+import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,13 +51,18 @@ from agent_r1.types import TrajectoryGroup
 __all__ = [
     "AdapterLearner",
     "PolicyLearners",
+    "adapter_folders",
     "adapter_of",
     "adapter_parameters",
     "by_policy",
+    "check_adapters",
     "engine_roles",
     "export_adapters",
+    "load_saved_adapters",
+    "max_adapter_rank",
     "policy_of",
     "role_metrics",
+    "server_engines",
     "trained_policies",
 ]
 
@@ -79,12 +94,152 @@ def policy_of(config: TrainConfig, role: str | None) -> str | None:
 
 
 def engine_roles(config: TrainConfig) -> dict[str, str | None] | None:
-    """What the engine serves: role -> adapter name (None: the base model, adapters off), for every
-    policy by its own name and every role in ``roles``; None with one policy."""
+    """What the local engine serves: role -> adapter name (None: the base model, adapters off), for
+    every policy by its own name and every role in ``roles``, but the roles of a policy sampled by a
+    server (``server_engines``); None with one policy."""
     if not config.policies:
         return None
-    adapter = {name: None if policy.frozen else name for name, policy in config.policies.items()}
-    return {**adapter, **{role: adapter[policy] for role, policy in config.roles.items()}}
+    adapter = {
+        name: None if policy.frozen and policy.adapter is None else name
+        for name, policy in config.policies.items()
+        if policy.server is None
+    }
+    return {
+        **adapter,
+        **{role: adapter[policy] for role, policy in config.roles.items() if policy in adapter},
+    }
+
+
+def server_engines(config: TrainConfig) -> dict[str, Any]:
+    """Each role of a policy sampled by a server (``policies.<name>.server``) -> an ``OpenAIEngine``
+    on that server (one per policy), requests sent as ``policies.<name>.model`` (default: the
+    server's first model). Lists the server's models once: a server that cannot be reached, a model
+    it does not serve or an API key not set is a ``ConfigError`` naming the key."""
+    from agent_r1.rollout.openai_client import OpenAIEngine
+
+    engines = {}
+    for name, policy in config.policies.items():
+        if policy.server is not None:
+            api_key = _api_key(name, policy.api_key_env)
+            engines[name] = OpenAIEngine(policy.server, _server_model(name, policy, api_key), api_key=api_key)
+    plays = {**{name: name for name in engines}, **{r: p for r, p in config.roles.items() if p in engines}}
+    return {role: engines[policy] for role, policy in plays.items()}
+
+
+def _api_key(name: str, variable: str | None) -> str | None:
+    if variable is None:
+        return None
+    key = os.environ.get(variable)
+    if not key:
+        raise ConfigError(f"policies.{name}.api_key_env", f"${variable} is not set or empty")
+    return key
+
+
+def _server_model(name: str, policy, api_key: str | None) -> str:
+    from agent_r1.rollout.prompt_logprobs import PromptLogprobsError, served_models
+
+    try:
+        models = asyncio.run(served_models(policy.server, api_key=api_key))
+    except PromptLogprobsError as error:
+        raise ConfigError(f"policies.{name}.server", f"cannot list the server's models: {error}") from None
+    if policy.model is not None and policy.model not in models:
+        raise ConfigError(f"policies.{name}.model", f"{policy.server} serves {models}, not {policy.model!r}")
+    return policy.model or models[0]
+
+
+def check_adapters(config: TrainConfig) -> None:
+    """Each ``policies.<name>.adapter`` is a folder that peft saved a LoRA adapter in (its config and
+    weights); a ``ConfigError`` naming the key otherwise. Whether it fits the base model is known only
+    when it is loaded (``load_saved_adapters``)."""
+    for name, policy in config.policies.items():
+        if policy.adapter is not None:
+            problem = _adapter_folder_problem(Path(policy.adapter))
+            if problem is not None:
+                raise ConfigError(f"policies.{name}.adapter", problem)
+
+
+def _adapter_folder_problem(folder: Path) -> str | None:
+    if not folder.is_dir():
+        return (
+            f"{str(folder)!r} is not a folder (a relative path is taken from the working directory, "
+            f"{Path.cwd()}, else from the config file's folder)"
+        )
+    config_file = folder / "adapter_config.json"
+    if not config_file.is_file():
+        inside = sorted(p.parent.name for p in folder.glob("*/adapter_config.json"))
+        hint = (
+            f": give one of its subfolders {inside} (peft saves an adapter not named 'default' in a "
+            "subfolder of its name)"
+            if inside
+            else ""
+        )
+        return f"{str(folder)!r} holds no adapter_config.json, so it is no adapter peft saved{hint}"
+    try:
+        saved = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return f"{config_file} cannot be read: {error}"
+    if not isinstance(saved, dict) or saved.get("peft_type") != "LORA":
+        kind = saved.get("peft_type") if isinstance(saved, dict) else None
+        return f"{str(folder)!r} holds a {kind} adapter; a policy is a LoRA adapter"
+    if saved.get("use_dora"):
+        return f"{str(folder)!r} holds a DoRA adapter; the engines mix plain LoRA adapters in one batch only"
+    if not any((folder / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
+        return f"{str(folder)!r} holds no adapter weights (adapter_model.safetensors)"
+    return None
+
+
+def load_saved_adapters(model, config: TrainConfig) -> None:
+    """Load each ``policies.<name>.adapter`` onto ``model`` (``load_policy``'s, holding a fresh
+    adapter per trained policy) under the policy's name: a frozen policy's not trainable, a trained
+    policy's in place of its fresh adapter. The first trained policy's adapter stays active. An
+    adapter that does not fit the base model (another architecture or size, modules it lacks) is a
+    ``ConfigError`` naming ``policies.<name>.adapter``."""
+    check_adapters(config)
+    for name, policy in config.policies.items():
+        if policy.adapter is None:
+            continue
+        if not policy.frozen:
+            with warnings.catch_warnings():  # peft's note that another adapter is active now
+                warnings.filterwarnings("ignore", "Adapter .* was active which is now deleted", UserWarning)
+                model.delete_adapter(name)  # the fresh one load_policy added
+        try:
+            loaded = model.load_adapter(
+                policy.adapter, adapter_name=name, is_trainable=not policy.frozen, torch_device="cpu"
+            )
+        except (ValueError, RuntimeError) as error:
+            raise ConfigError(
+                f"policies.{name}.adapter",
+                f"{policy.adapter!r} does not fit the base model {config.model.path!r} (a LoRA adapter of "
+                f"another model?): {' '.join(str(error).split())[:500]}",
+            ) from None
+        if loaded.missing_keys:
+            raise ConfigError(
+                f"policies.{name}.adapter",
+                f"{policy.adapter!r} holds no weights for {len(loaded.missing_keys)} of the modules its "
+                f"adapter_config.json targets, e.g. {loaded.missing_keys[:2]}",
+            )
+    model.set_adapter(trained_policies(config)[0])
+    model.eval()
+
+
+def adapter_folders(config: TrainConfig) -> dict[str, str]:
+    """The frozen policies' saved adapters (``policies.<name>.adapter``), by name: what an engine holding
+    its own adapters loads once (vLLM); the learner never sends them (``PolicyLearners.weights``)."""
+    return {
+        name: policy.adapter
+        for name, policy in config.policies.items()
+        if policy.frozen and policy.adapter is not None
+    }
+
+
+def max_adapter_rank(config: TrainConfig) -> int:
+    """The largest LoRA rank the engine serves: ``model.lora.rank``, or a saved adapter's."""
+    ranks = [config.model.lora.rank]
+    for policy in config.policies.values():
+        if policy.adapter is not None:
+            saved = json.loads((Path(policy.adapter) / "adapter_config.json").read_text(encoding="utf-8"))
+            ranks.append(int(saved.get("r", 0)))
+    return max(ranks)
 
 
 def adapter_of(key: str) -> str | None:

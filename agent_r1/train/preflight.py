@@ -11,7 +11,8 @@ In order, each failure one of ``PREFLIGHT_ERRORS`` naming the key, the file and 
 3. the model found: ``model.tokenizer`` / ``model.path`` a local folder (a relative path: from the
    working directory, else from the config file's folder, ``load_config``) or a Hub name; when the
    Hub cannot be reached, the process goes offline (``go_offline``) and a name missing from the
-   local cache fails at once instead of after a minute of retries;
+   local cache fails at once instead of after a minute of retries; each ``policies.<name>.adapter``
+   a LoRA adapter folder that peft saved (``agent_r1.train.policies.check_adapters``);
 4. the tokenizer loaded (no weights) and its chat template present;
 5. every row of ``data.train`` and ``data.val``: ``data.required_fields``, the env's
    ``required_fields``, and no field the env does not read (its ``task_fields``);
@@ -49,14 +50,21 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
         load_config_tokenizer,
         resolve_device,
     )
+    from agent_r1.train.policies import check_adapters
 
     report = [f"device: {resolve_device(config)}"]
     check_attention(config)
     check_env(config)
     report.append(f"env.name {config.env.name!r}: imported; env.kwargs {sorted(config.env.kwargs)} checked")
     key = _check_model_source(config)
+    check_adapters(config)
     tokenizer = load_config_tokenizer(config)
     report.append(f"{key} {getattr(config.model, key.split('.')[1])!r}: tokenizer and chat template loaded")
+    report += [
+        f"policies.{name}.adapter {policy.adapter!r}: a LoRA adapter folder"
+        for name, policy in config.policies.items()
+        if policy.adapter is not None
+    ]
     tasks = {}
     for split in splits:
         if split == "data.val" and not config.data.val and len(splits) > 1:

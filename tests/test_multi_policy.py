@@ -333,3 +333,36 @@ def test_a_step_with_every_group_dropped_skips_the_update(tiny_checkpoint, tmp_p
     metrics = trainer.fit()
     assert metrics["update/skipped"] == 1.0 and metrics["filter/zero_variance_groups"] == 2
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_eval_serves_every_policy_of_a_checkpoint(tiny_checkpoint, tmp_path, capsys):
+    """``agent-r1 eval --checkpoint`` of a run with several policies: every adapter on the base, each
+    role sampled by its own: the same metrics as evaluating the trained model object (deterministic
+    mode, so that both sample the same tokens)."""
+    import json
+
+    from agent_r1.cli import main
+    from agent_r1.train.config import dump_config
+    from agent_r1.train.evaluation import evaluate
+
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps(t) + "\n" for t in tasks(3)))
+    config = _policies_config(
+        tiny_checkpoint,
+        tmp_path / "run",
+        data={"val": str(val)},
+        rollout={"eval_n": 2},
+        trainer={"deterministic": True},
+    )
+    trainer = Trainer(config, train_tasks=tasks(4))
+    trainer.fit()
+    expected = evaluate(config, tokenizer=trainer.tokenizer, model=trainer.model)
+    untrained = evaluate(config, tokenizer=trainer.tokenizer)  # model.path alone: no adapter serves
+    path = tmp_path / "config.yaml"
+    dump_config(config, path)
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000003"
+    assert main(["eval", str(path), "--checkpoint", str(checkpoint)]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["eval/episodes"] == expected["eval/episodes"] == 3 * 2 * 2  # tasks x eval_n x roles
+    assert printed == expected
+    assert printed["eval/reward"] != untrained.get("eval/reward")

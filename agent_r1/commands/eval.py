@@ -39,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
         model = None
         if args.checkpoint:
             from agent_r1.train.checkpoint import load_checkpoint
-            from agent_r1.train.learner import load_policy
+            from agent_r1.train.policies import policy_model
 
-            model = load_policy(config.model)
+            model = policy_model(config)  # with several policies, an adapter each
             load_checkpoint(args.checkpoint, model)
         metrics = evaluate(config, model=model)
     except (ConfigError, DataError, FileNotFoundError, NoChatTemplateError, CheckpointError) as e:

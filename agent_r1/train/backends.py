@@ -633,8 +633,7 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     """The in-process backends: the policy (``parts.model``, or ``load_policy`` on ``model.device``),
     an engine and flows around it (``local_rollout``), its learner and critic (``local_learner``)."""
     from agent_r1.train.builders import check_attention, resolve_device
-    from agent_r1.train.learner import load_policy
-    from agent_r1.train.policies import load_saved_adapters, trained_policies
+    from agent_r1.train.policies import policy_model
 
     check_attention(config)
     configured = resolve_device(config)  # checked also when a model is passed in
@@ -642,10 +641,7 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     if model is None:
         if not config.model.path:
             raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
-        model = load_policy(config.model, adapters=trained_policies(config))
-        if config.policies:
-            load_saved_adapters(model, config)  # policies.<name>.adapter
-        model = model.to(configured)
+        model = policy_model(config).to(configured)  # an adapter per policy (agent_r1.train.policies)
     device = next(model.parameters()).device
     rollouts = local_rollout(
         config,

@@ -62,6 +62,10 @@ def evaluate(
     if not tasks:
         raise ConfigError("data.val", "no validation tasks to evaluate on")
     device = resolve_device(config)
+    if model is None and engine is None and config.policies:
+        from agent_r1.train.policies import policy_model
+
+        model = policy_model(config)  # every policy's adapter on the base: each role its own
     if model is not None and engine is None:
         model = model.to(device)
     rollouts = local_rollout(

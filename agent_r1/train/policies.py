@@ -60,6 +60,7 @@ __all__ = [
     "export_adapters",
     "load_saved_adapters",
     "max_adapter_rank",
+    "policy_model",
     "policy_of",
     "role_metrics",
     "server_engines",
@@ -186,6 +187,17 @@ def _adapter_folder_problem(folder: Path) -> str | None:
     if not any((folder / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
         return f"{str(folder)!r} holds no adapter weights (adapter_model.safetensors)"
     return None
+
+
+def policy_model(config: TrainConfig):
+    """The policy model of ``config`` on the CPU: ``load_policy`` with an adapter per trained policy,
+    and the saved adapters of ``policies.<name>.adapter`` loaded (``load_saved_adapters``)."""
+    from agent_r1.train.learner import load_policy
+
+    model = load_policy(config.model, adapters=trained_policies(config))
+    if config.policies:
+        load_saved_adapters(model, config)
+    return model
 
 
 def load_saved_adapters(model, config: TrainConfig) -> None:

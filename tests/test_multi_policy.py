@@ -337,8 +337,8 @@ def test_a_step_with_every_group_dropped_skips_the_update(tiny_checkpoint, tmp_p
 
 def test_eval_serves_every_policy_of_a_checkpoint(tiny_checkpoint, tmp_path, capsys):
     """``agent-r1 eval --checkpoint`` of a run with several policies: every adapter on the base, each
-    role sampled by its own: the same metrics as evaluating the trained model object (deterministic
-    mode, so that both sample the same tokens)."""
+    role sampled by its own: the same metrics as evaluating the trained model object (one request at
+    a time, so that both sample the same tokens)."""
     import json
 
     from agent_r1.cli import main
@@ -351,8 +351,8 @@ def test_eval_serves_every_policy_of_a_checkpoint(tiny_checkpoint, tmp_path, cap
         tiny_checkpoint,
         tmp_path / "run",
         data={"val": str(val)},
-        rollout={"eval_n": 2},
-        trainer={"deterministic": True},
+        # one request at a time, nothing stored: each response is computed from its own tokens alone
+        rollout={"eval_n": 2, "max_batch_size": 1, "engine_kwargs": {"prefix_cache_entries": 0}},
     )
     trainer = Trainer(config, train_tasks=tasks(4))
     trainer.fit()

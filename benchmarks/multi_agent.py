@@ -242,10 +242,10 @@ def trained_counts(run_dir: Path) -> dict[str, int]:
 
     trajectories, games = 0, set()
     for path in sorted((run_dir / "trajectories").glob("step_*.jsonl")):
-        for record in read_jsonl(path):
-            for t in getattr(record, "trajectories", (record,)):
-                games.add((path.name, t.info.get("episode") or (t.group_id, id(t))))
-                trajectories += bool(t.steps) and t.status.value != "error"
+        records = (t for record in read_jsonl(path) for t in getattr(record, "trajectories", (record,)))
+        for index, t in enumerate(records):
+            games.add((path.name, t.info.get("episode") or index))  # one seat per row: its own game
+            trajectories += bool(t.steps) and t.status.value != "error"
     return {"trajectories": trajectories, "games": len(games)}
 
 
@@ -269,6 +269,9 @@ def selfplay_arm(
         "seconds": round(seconds, 1),
         **trained_counts(run_dir),
     }
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for phase in ("rollout", "update"):  # where the seconds went: sampling scales with games, not updates
+        result[f"{phase}_seconds"] = round(sum(r.get(f"time/{phase}", 0.0) for r in rows), 1)
     result["s_per_trajectory"] = round(seconds / max(result["trajectories"], 1), 3)
     result["games_per_trajectory"] = round(result["games"] / max(result["trajectories"], 1), 3)
     result["win_rate"] = win_rates(trainer.model, trainer.tokenizer, model, seed, sizes)

@@ -30,6 +30,17 @@ ENV = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": 
 LOGPROB_TOLERANCE = 1e-3  # vLLM's sampled log-probs vs a Hugging Face forward of the same tokens (fp32)
 
 
+def serve_command(checkpoint, port: int) -> list[str]:
+    """``vllm serve`` of the tiny checkpoint on ``port``: fp32, processed log-probs, small and eager."""
+    return [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(checkpoint), "--served-model-name", "tiny",
+        "--port", str(port), "--dtype", "float32", "--max-model-len", "256",
+        "--logprobs-mode", "processed_logprobs", "--kv-cache-memory-bytes", str(128 << 20),
+        "--enforce-eager",
+    ]  # fmt: skip
+
+
 def served(command: list[str], main, tmp_path: Path):
     """``asyncio.run(main(server))`` while ``vllm serve`` runs ``command`` as ``server`` (its log in
     ``tmp_path``)."""
@@ -136,13 +147,7 @@ async def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float) -> 
 def test_openai_engine_against_vllm_serve(tiny_checkpoint, tmp_path):
     """``vllm serve`` (started with processed log-probs) driven token-in/token-out by OpenAIEngine."""
     port = free_port()
-    command = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_checkpoint), "--served-model-name", "tiny",
-        "--port", str(port), "--dtype", "float32", "--max-model-len", "256",
-        "--logprobs-mode", "processed_logprobs", "--kv-cache-memory-bytes", str(128 << 20),
-        "--enforce-eager",
-    ]  # fmt: skip
+    command = serve_command(tiny_checkpoint, port)
     prompts = [[10 + (i * 7) % 200 for i in range(n)] for n in (4, 21, 50)]
     params = [SamplingParams(max_tokens=16, seed=s, temperature=t) for s, t in ((1, 1.0), (2, 0.8), (3, 0.0))]
 
@@ -285,11 +290,7 @@ def test_openai_engine_roles_against_vllm_serve_lora_modules(
     vLLM bug that VLLMEngine works around and a server cannot; see agent_r1/rollout/vllm_engine.py.)"""
     port = free_port()
     command = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_checkpoint), "--served-model-name", "tiny",
-        "--port", str(port), "--dtype", "float32", "--max-model-len", "256",
-        "--logprobs-mode", "processed_logprobs", "--kv-cache-memory-bytes", str(128 << 20),
-        "--enforce-eager", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
+        *serve_command(tiny_checkpoint, port), "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
         "--lora-modules", f"alpha={peft_adapters / 'alpha'}", f"beta={peft_adapters / 'beta'}",
     ]  # fmt: skip
     roles = {"planner": "alpha", "executor": "beta"}

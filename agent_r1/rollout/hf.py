@@ -34,7 +34,7 @@ from agent_r1.rollout import cascade
 from agent_r1.rollout.base import LoraWeights, NamedTensors
 from agent_r1.rollout.hf_scheduler import Request, Scheduler
 from agent_r1.rollout.prefix_store import BASE_ADAPTER
-from agent_r1.rollout.prompt_checks import refuse_prompt
+from agent_r1.rollout.prompt_checks import refuse_prompt, refuse_role
 from agent_r1.types import Completion, SamplingParams, StopReason
 
 __all__ = ["HFEngine"]
@@ -221,7 +221,7 @@ class HFEngine:
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Sample one response; see ``agent_r1.rollout.base.Engine.generate``."""
         prompt_ids = tuple(int(t) for t in prompt_ids)
-        rejected = self._reject(prompt_ids, params) or self._refuse_role(params.role)
+        rejected = self._reject(prompt_ids, params) or refuse_role("HFEngine", params.role, self.roles)
         if rejected is not None:
             return rejected
         loop = asyncio.get_running_loop()
@@ -324,17 +324,6 @@ class HFEngine:
                 (), (), StopReason.ABORT, error="stop strings need HFEngine(tokenizer=...) to read text"
             )
         return refuse_prompt(prompt_ids, vocab_size=self.vocab_size, max_context=self.max_context)
-
-    def _refuse_role(self, role: str | None) -> Completion | None:
-        """An ``ABORT`` for a request whose role this engine does not serve (None: it serves it)."""
-        if self.roles is None or role in self.roles:
-            return None
-        served = f"this engine serves roles {sorted(self.roles)}"
-        if role is None:
-            error = f"SamplingParams.role is None; {served}: name one of them"
-        else:
-            error = f"unknown role {role!r}; {served}"
-        return Completion((), (), StopReason.ABORT, error=f"HFEngine: {error}")
 
     def _submit(self, request: Request) -> None:
         with self._wakeup:

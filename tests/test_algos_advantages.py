@@ -214,7 +214,8 @@ def step_tables(draw, *, immediate_rewards: bool = True, constant_per_group: boo
     generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     token_values = 4 * torch.rand(table.response_mask.shape, generator=generator) - 2
     step_values = 4 * torch.rand(table.num_steps, generator=generator) - 2
-    return replace(table, token_values=token_values, step_values=step_values)
+    baseline = (4 * torch.rand(int(table.traj_index.max()) + 1, generator=generator) - 2)[table.traj_index]
+    return replace(table, token_values=token_values, step_values=step_values, baseline=baseline)
 
 
 def trajectory_advantages(out, table: StepTable) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,3 +334,21 @@ def test_advantages_are_finite_and_zero_on_masked_tokens(table):
 def test_a_batch_with_one_reward_gives_zero_reinforce_pp_advantages():
     table = StepTable.from_groups([outcome_only(0.7, 0.7), outcome_only(0.7, gid="h")])
     assert (compute_advantages(table, "reinforce_pp").advantages == 0).all()
+
+
+@PROPERTY_SETTINGS
+@given(step_tables(), st.sampled_from([1.0, 0.9]))
+def test_rae_is_the_return_to_go_minus_the_given_baseline(table, gamma):
+    """rae (SPIRAL) subtracts the running baseline the trainer keeps (``StepTable.baseline``) from each
+    step's return-to-go: groups play no part, so a trajectory alone in its group still learns."""
+    out = compute_advantages(table, AdvantageConfig("rae", gamma=gamma))
+    reference = compute_advantages(table, AdvantageConfig("reinforce_pp", gamma=gamma, norm_by_std=False))
+    expected_NL = (reference.returns - table.baseline[:, None]) * table.response_mask
+    assert torch.allclose(out.advantages, expected_NL, atol=1e-6)
+    assert torch.allclose(out.returns, reference.returns, atol=1e-6)
+
+
+def test_rae_without_a_baseline_is_refused_by_name():
+    table = StepTable.from_groups([outcome_only(1.0)])
+    with pytest.raises(ValueError, match="StepTable.baseline"):
+        compute_advantages(table, "rae")

@@ -41,6 +41,7 @@ __all__ = [
     "compute_advantages",
     "get_advantage_estimator",
     "register_advantage",
+    "trajectory_returns",
 ]
 
 
@@ -62,6 +63,8 @@ class AdvantageConfig:
         (GiGPO: A = A_episode + omega * A_step; the paper uses 1.0).
     whiten: after estimation, whiten the advantages over the batch's trained tokens,
         (A - mean) / (std + eps) (PPO implementations' advantage normalisation). Default False.
+    baseline_decay: alpha of ``rae``'s running baseline per role, b <- alpha * b + (1 - alpha) *
+        (the role's mean return in the step's batch). Default 0.95 (SPIRAL's).
     """
 
     name: str = "grpo"
@@ -71,9 +74,10 @@ class AdvantageConfig:
     eps: float = 1e-6
     step_weight: float = 1.0
     whiten: bool = False
+    baseline_decay: float = 0.95
 
     def __post_init__(self) -> None:
-        for name in ("gamma", "lam"):
+        for name in ("gamma", "lam", "baseline_decay"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise InvalidOption("AdvantageConfig", name, f"must be in [0, 1], got {value}")
@@ -262,6 +266,36 @@ def step_grpo(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
         _broadcast(episode_T[mc.traj_N] + cfg.step_weight * step_adv_N, table.response_mask),
         _broadcast(mc.step_returns, table.response_mask),
     )
+
+
+@register_advantage("rae", role_baseline=True)
+def rae(table: StepTable, cfg: AdvantageConfig) -> AdvantageOutput:
+    """Role-conditioned advantage estimation: A_k = G_k - b_role, broadcast to the step's tokens.
+
+    SPIRAL (Liu et al. 2025, arXiv 2506.24119), for self-play and teams with a policy shared by
+    several roles: b_role is a running mean of the returns G_0 of the role's trajectories over the
+    run (``baseline_decay``), which the trainer keeps and gives as ``StepTable.baseline``
+    (``agent_r1.train.role_baseline``). It needs no group: it works with one sample per task
+    (``rollout.n: 1``), where a group baseline is zero, and in zero-sum games, where the mean over
+    both seats of one game is zero by construction. No division by a standard deviation (SPIRAL's).
+    """
+    if table.baseline is None:
+        raise ValueError(
+            "rae reads StepTable.baseline (a running mean of each role's returns), which is not set: "
+            "the trainer's advantage phase sets it (agent_r1.train.role_baseline)"
+        )
+    mc = _MonteCarlo(table, step_rewards(table), cfg.gamma)
+    return AdvantageOutput(
+        _broadcast(mc.step_returns - table.baseline, table.response_mask),
+        _broadcast(mc.step_returns, table.response_mask),
+    )
+
+
+def trajectory_returns(table: StepTable, gamma: float = 1.0) -> Tensor:
+    """Each row's trajectory return G_0 (N,) of the rewards the estimators credit (``step_rewards``),
+    discounted by ``gamma``: what ``rae``'s running baselines average."""
+    mc = _MonteCarlo(table, step_rewards(table), gamma)
+    return mc.trajectory_returns[mc.traj_N]
 
 
 # ---------------------------------------------------------------------------------------------------

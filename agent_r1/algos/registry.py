@@ -31,11 +31,15 @@ class Needs:
     min_group_size: the samples per task (``rollout.n``) a group baseline needs to be nonzero.
     single_update: the loss is correct only on-policy, i.e. with one optimizer step per rollout batch
         (``trainer.ppo_epochs`` x ``trainer.mini_batches`` = 1), like REINFORCE without a ratio.
+    role_baseline: the estimator reads ``StepTable.baseline``, a running mean of each role's returns
+        that the trainer keeps from step to step and saves in checkpoints (``rae``;
+        ``agent_r1.train.role_baseline``).
     """
 
     critic: Literal["token", "step"] | None = None
     min_group_size: int = 1
     single_update: bool = False
+    role_baseline: bool = False
 
 
 class InvalidOption(ValueError):
@@ -63,9 +67,10 @@ class Registry(Mapping[str, F], Generic[F]):
         critic: Literal["token", "step"] | None = None,
         min_group_size: int = 1,
         single_update: bool = False,
+        role_baseline: bool = False,
     ) -> Callable[[F], F]:
         """A decorator registering ``fn`` as ``name`` with its needs; a duplicate name is a ValueError."""
-        needs = Needs(critic=critic, min_group_size=min_group_size, single_update=single_update)
+        needs = Needs(critic, min_group_size, single_update, role_baseline)
 
         def decorate(fn: F) -> F:
             if name in self._functions:

@@ -15,6 +15,7 @@ Layout (N steps, L = the longest response; per-token tensors are right-padded to
 | ``done`` | (N,) bool | the step is the last step of its trajectory |
 | ``state_index`` | (N,) long | equal ids = the step starts from the same state (see below) |
 | ``step_values`` | (N,) float, optional | a step-level critic's value of the step's start state |
+| ``baseline`` | (N,) float, optional | a baseline of the step's trajectory's return kept across steps (``rae``: the running mean of its role's returns) |
 | ``response_mask`` | (N, L) float | 1 for trained (model-generated) tokens; 0 for padding and forced tokens |
 | ``sampler_logprobs`` | (N, L) float | log-probs the rollout engine sampled the response tokens with |
 | ``old_logprobs`` | (N, L) float, optional | the learner's recomputation of the behaviour policy's (PPO's old policy) |
@@ -69,7 +70,7 @@ PerToken = Tensor | Sequence[Sequence[float]]
 length, or padded to L), in table row order."""
 
 _PER_STEP = ("traj_index", "group_index", "step_index", "reward", "outcome_reward", "done", "state_index")
-_OPTIONAL_PER_STEP = ("step_values",)
+_OPTIONAL_PER_STEP = ("step_values", "baseline")
 _PER_TOKEN = ("response_mask", "sampler_logprobs")
 _OPTIONAL_PER_TOKEN = ("old_logprobs", "ref_logprobs", "token_values", "token_rewards")
 
@@ -88,6 +89,7 @@ class StepTable:
     response_mask: Tensor  # (N, L) float
     sampler_logprobs: Tensor  # (N, L) float
     step_values: Tensor | None = None  # (N,) float
+    baseline: Tensor | None = None  # (N,) float
     old_logprobs: Tensor | None = None  # (N, L) float
     ref_logprobs: Tensor | None = None  # (N, L) float
     token_values: Tensor | None = None  # (N, L) float

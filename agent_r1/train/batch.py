@@ -148,7 +148,8 @@ def keep_groups(
 ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
     """The groups a batch is built from: each without its ERROR and step-less trajectories (none
     left: the group is dropped) and, with ``dynamic_filter`` (DAPO, arXiv 2503.14476), without the
-    groups whose rewards all agree (zero advantage under a group baseline); and the filter's counts."""
+    groups whose rewards all agree (zero advantage under a group baseline); and the filter's counts
+    (``filter/groups``: the groups given, one per (task, role) with several roles)."""
     kept = []
     zero_variance = 0
     for group in groups:
@@ -161,7 +162,11 @@ def keep_groups(
             if dynamic_filter:
                 continue
         kept.append(replace(group, trajectories=usable))
-    return kept, {"filter/kept_groups": float(len(kept)), "filter/zero_variance_groups": float(zero_variance)}
+    return kept, {
+        "filter/groups": float(len(groups)),
+        "filter/kept_groups": float(len(kept)),
+        "filter/zero_variance_groups": float(zero_variance),
+    }
 
 
 def batch_of(trajectories: Sequence[Trajectory], **layout: Any) -> TrainBatch:

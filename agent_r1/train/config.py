@@ -689,6 +689,12 @@ def _check_cross_field(config: TrainConfig) -> None:
         raise ConfigError(
             "algorithm.resample_rounds", "refills groups dropped by algorithm.dynamic_filter: set it"
         )
+    if algo.dynamic_filter and config.rollout.n < 2:
+        raise ConfigError(
+            "algorithm.dynamic_filter",
+            "drops each group whose samples' rewards agree, and with rollout.n: 1 every group is one "
+            "sample: every group would be dropped; set rollout.n >= 2 or dynamic_filter: false",
+        )
     asynchronous = config.trainer.mode == "async"
     if (
         asynchronous

@@ -174,10 +174,14 @@ class ZeroVarianceWatch:
     returns the warning text once, at the ``patience``-th consecutive step on which at least
     ``threshold`` of the groups had zero variance, and None otherwise. A step without groups (every
     trajectory ended in ERROR: the error budget's business) neither counts nor breaks the streak.
+    ``group_baseline``: whether the estimator's baseline is the group's (``grpo``, ``rloo``...;
+    ``Needs.min_group_size`` > 1); without one (``reinforce_pp``, ``rae``, a critic) a group whose
+    samples agree still learns, and the watch stays silent.
     """
 
     threshold: float = 0.9
     patience: int = 3
+    group_baseline: bool = True
     streak: int = field(default=0, init=False)
     warned: bool = field(default=False, init=False)
 
@@ -195,7 +199,7 @@ class ZeroVarianceWatch:
         reward_mean: float | None = None,
         success_mean: float | None = None,
     ) -> str | None:
-        if groups <= 0:
+        if groups <= 0 or not self.group_baseline:
             return None
         if zero_variance_groups < self.threshold * groups:
             self.streak = 0

@@ -21,6 +21,7 @@ from agent_r1.train import critic, teacher, update
 from agent_r1.train.batch import TrainBatch
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import TokenLoss
+from agent_r1.train.role_baseline import RoleBaselines
 
 __all__ = ["LEARNING_PHASES", "Phase", "StepContext", "advantages", "old_logprobs", "reference"]
 
@@ -28,8 +29,9 @@ __all__ = ["LEARNING_PHASES", "Phase", "StepContext", "advantages", "old_logprob
 @dataclass(frozen=True)
 class StepContext:
     """What the learning phases of step ``step`` read besides the batch: the configuration, the
-    learner and rollout backends (``agent_r1.train.backends``), the objectives and what the
-    configured estimator needs (``agent_r1.algos.Needs``)."""
+    learner and rollout backends (``agent_r1.train.backends``), the objectives, what the
+    configured estimator needs (``agent_r1.algos.Needs``) and the state the phases keep from step to
+    step (``baselines``: ``rae``'s running mean per role, ``agent_r1.train.role_baseline``)."""
 
     config: TrainConfig
     learner: Any  # a LearnerBackend
@@ -38,6 +40,7 @@ class StepContext:
     objective: TokenLoss
     value_objective: ValueObjective
     needs: Needs
+    baselines: RoleBaselines | None = None
 
 
 Phase = Callable[[TrainBatch, StepContext], tuple[TrainBatch, dict[str, float]]]
@@ -74,15 +77,21 @@ def reference(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict
 
 def advantages(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:
     """The configured estimator (``algorithm.advantage``) on the batch's step table (with the
-    learner's old log-probs and the critic's values) and, with ``algorithm.kl.penalty: reward``, the
-    KL penalty in the rewards; the advantages and the critic's returns join the batch."""
-    table = batch.step_table()
-    kl = context.config.algorithm.kl
-    if kl.coef > 0 and kl.penalty == "reward":
-        table = kl_reward_penalty(table, kl.coef, kl.estimator)
-    output = compute_advantages(table, context.config.algorithm.advantage)
+    learner's old log-probs and the critic's values, and for ``rae`` each role's running baseline)
+    and, with ``algorithm.kl.penalty: reward``, the KL penalty in the rewards; the advantages and the
+    critic's returns join the batch."""
+    table, metrics = batch.step_table(), {}
+    algorithm = context.config.algorithm
+    if algorithm.kl.coef > 0 and algorithm.kl.penalty == "reward":
+        table = kl_reward_penalty(table, algorithm.kl.coef, algorithm.kl.estimator)
+    if context.needs.role_baseline:
+        if context.baselines is None:
+            raise ValueError(f"the {algorithm.advantage.name!r} estimator needs StepContext.baselines")
+        roles = [trajectory.role for trajectory in batch.trajectories]
+        table, metrics = context.baselines.apply(table, roles, algorithm.advantage.gamma)
+    output = compute_advantages(table, algorithm.advantage)
     returns = output.returns[batch.valid_NL] if context.learner.has_critic else None
-    return batch.with_tokens(advantages=output.advantages[batch.valid_NL], returns=returns), {}
+    return batch.with_tokens(advantages=output.advantages[batch.valid_NL], returns=returns), metrics
 
 
 LEARNING_PHASES: tuple[tuple[str, Phase], ...] = (

@@ -87,6 +87,7 @@ from agent_r1.train.preemption import Preempted, PreemptionGuard, StopSampling
 from agent_r1.train.process import apply_process_settings
 from agent_r1.train.progress import progress_bar
 from agent_r1.train.resume import ResumeMode, resume_checkpoint
+from agent_r1.train.role_baseline import RoleBaselines
 from agent_r1.train.run_dir import RunDir
 from agent_r1.train.schedule import Rollout, RolloutSchedule
 from agent_r1.train.summary import (
@@ -195,6 +196,7 @@ class Trainer:
         self.reward_fn = reward_fn
         self.objective = objective or policy_objective(config)
         self.value_objective = value_objective(config)
+        self.baselines = RoleBaselines(config.algorithm.advantage.baseline_decay)  # rae's, checkpointed
         backends = make_backends(config, self.tokenizer, replace(parts, with_eval=self.val_tasks is not None))
         self.rollouts, self.learner = backends.rollouts, backends.learner
         self.model = backends.model  # the policy, when it lives in this process
@@ -202,7 +204,7 @@ class Trainer:
         self.step = 0
         self.run_dir: RunDir | None = None
         self.resume = resume
-        self.zero_variance = ZeroVarianceWatch()  # warns when nearly every group teaches nothing
+        self.zero_variance = ZeroVarianceWatch(group_baseline=estimator_needs(config).min_group_size > 1)
         self.preemption = PreemptionGuard(trainer.preemption_grace_s)  # installed by fit
         self.schedule = RolloutSchedule(config, self.rollouts, self.learner, self.preemption)
         self._saved_step = 0  # the newest checkpoint written by this process or resumed from
@@ -319,7 +321,7 @@ class Trainer:
         warning = self.zero_variance.observe(
             step,
             filter_metrics["filter/zero_variance_groups"],
-            len(tasks),
+            int(filter_metrics["filter/groups"]),  # of the first round: (task, role) groups
             metrics.get("reward/mean"),
             metrics.get("success/mean"),
         )
@@ -364,15 +366,9 @@ class Trainer:
     def context(self, step: int, policy: str | None = None) -> StepContext:
         """What the learning phases 6-10 (``agent_r1.train.phases``) of ``step`` read besides the batch,
         for ``policy`` (``agent_r1.train.policies``; None: the run's one policy)."""
-        return StepContext(
-            self.config,
-            self.learner if policy is None else self.learner.for_policy(policy),
-            self.rollouts,
-            step,
-            self.objective,
-            self.value_objective,
-            estimator_needs(self.config),
-        )
+        learner = self.learner if policy is None else self.learner.for_policy(policy)
+        objectives = (self.objective, self.value_objective, estimator_needs(self.config))
+        return StepContext(self.config, learner, self.rollouts, step, *objectives, self.baselines)
 
     # ------------------------------------------------------------------ health, eval, dumps
 
@@ -426,7 +422,8 @@ class Trainer:
         """Checkpoint ``step`` (``rng``: the RNG state to record, default the current one) with the
         rollout schedule's state (``RolloutSchedule.state``)."""
         assert self.run_dir is not None
-        trainer_state = {"rng": rng or rng_state(), **self.schedule.state()}
+        baselines = {"role_baselines": self.baselines.state_dict()}
+        trainer_state = {"rng": rng or rng_state(), **self.schedule.state(), **baselines}
         path = Path(self.learner.save_checkpoint(self.run_dir.checkpoints, step, trainer_state))
         self._saved_step = step
         return path
@@ -456,6 +453,7 @@ class Trainer:
         trainer_state = self.learner.load_checkpoint(checkpoint)
         set_rng_state(trainer_state["rng"])
         self.schedule.restore(trainer_state)
+        self.baselines.load_state_dict(trainer_state.get("role_baselines", {}))
         self.step = trainer_state["step"]
         return self.step
 

@@ -10,6 +10,7 @@ import json
 import shutil
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -222,10 +223,16 @@ class RecordingEngine:
 @contextmanager
 def serving(engine, tokenizer, *, api_key: str | None = None):
     """``agent-r1 serve``'s app over ``engine`` on a thread of its own; yields its base URL."""
+    with running(build_app(engine, model_name="tiny", tokenizer=tokenizer, api_key=api_key)) as url:
+        yield url
+
+
+@contextmanager
+def running(app):
+    """An aiohttp ``app`` served on a thread of its own; yields its base URL (``.../v1``)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    app = build_app(engine, model_name="tiny", tokenizer=tokenizer, api_key=api_key)
     runner, port = asyncio.run_coroutine_threadsafe(start_server(app), loop).result()
     try:
         yield f"http://127.0.0.1:{port}/v1"
@@ -308,7 +315,7 @@ def test_a_server_policy_is_checked_when_its_engine_is_built(
 ):
     def engines(**high):
         policies = {"low": {}, "high": {"frozen": True, **high}}
-        return server_engines(policies_config(tiny_checkpoint, tmp_path, policies))
+        return server_engines(policies_config(tiny_checkpoint, tmp_path, policies), tiny_tokenizer)
 
     with serving(server_engine, tiny_tokenizer) as url:
         assert engines(server=url)["high"].model == "tiny"  # the server's first model
@@ -321,6 +328,49 @@ def test_a_server_policy_is_checked_when_its_engine_is_built(
     with pytest.raises(ConfigError, match="cannot list the server's models") as error:
         engines(server=url)  # no longer served
     assert error.value.key == "policies.high.server"
+
+
+def test_a_server_with_another_tokenizer_is_refused_and_one_that_cannot_tell_is_named(
+    tiny_checkpoint, tiny_tokenizer, server_engine, tmp_path, caplog
+):
+    """Prompts go to a server policy as token ids: its tokenizer must be the run's. ``vllm serve``
+    and ``agent-r1 serve`` answer ``/tokenize``, so a probe tells; a server without it gets a warning
+    that names the key (never a silent pass)."""
+    from agent_r1.models.loading import load_tokenizer
+
+    config = policies_config(
+        tiny_checkpoint, tmp_path, {"low": {}, "high": {"frozen": True, "server": "http://127.0.0.1:1/v1"}}
+    )
+    other = load_tokenizer(tiny_checkpoint)
+    other.add_tokens(["Probe"])  # one more token, in the probe: its ids differ from the run's
+    with serving(server_engine, other) as url:
+        moved = replace(
+            config, policies={**config.policies, "high": replace(config.policies["high"], server=url)}
+        )
+        with pytest.raises(ConfigError, match="tokenizes a probe differently") as error:
+            server_engines(moved, tiny_tokenizer)
+        assert error.value.key == "policies.high.server"
+    with models_only() as url:
+        moved = replace(
+            config, policies={**config.policies, "high": replace(config.policies["high"], server=url)}
+        )
+        with caplog.at_level("WARNING", logger="agent_r1.train.policies"):
+            assert server_engines(moved, tiny_tokenizer)["high"].model == "tiny"
+        assert "policies.high.server" in caplog.text and "no /tokenize endpoint" in caplog.text
+
+
+@contextmanager
+def models_only():
+    """Test double: a server that lists one model and has no ``/tokenize`` (a hosted API)."""
+    from aiohttp import web
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    with running(app) as url:
+        yield url
 
 
 # ---------------------------------------------------------------------------------- refusals

@@ -36,14 +36,16 @@ def run(args: argparse.Namespace) -> int:
 
         preflight(config, splits=("data.val",))  # agent-r1 check's checks, before the weights load
 
-        model = None
+        model = own_models = None
         if args.checkpoint:
             from agent_r1.train.checkpoint import load_checkpoint
-            from agent_r1.train.policies import policy_model
+            from agent_r1.train.policies import load_own_models, policy_model
 
             model = policy_model(config)  # with several policies, an adapter each
-            load_checkpoint(args.checkpoint, model)
-        metrics = evaluate(config, model=model)
+            own_models = load_own_models(config)  # and the policies with a model of their own
+            trained = {name: m for name, m in own_models.items() if not config.policies[name].frozen}
+            load_checkpoint(args.checkpoint, model, own_models=trained)
+        metrics = evaluate(config, model=model, own_models=own_models)
     except (ConfigError, DataError, FileNotFoundError, NoChatTemplateError, CheckpointError) as e:
         print(f"agent-r1 eval: {e}")
         return 2

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import aiohttp
 
-__all__ = ["PromptLogprobsError", "prompt_logprobs", "served_model", "served_models"]
+__all__ = ["PromptLogprobsError", "prompt_logprobs", "served_model", "served_models", "served_tokens"]
 
 
 class PromptLogprobsError(RuntimeError):
@@ -48,6 +48,34 @@ async def served_models(base_url: str, *, api_key: str | None = None, timeout: f
     if not models:
         raise PromptLogprobsError(f"GET {url} listed no model")
     return models
+
+
+async def served_tokens(
+    base_url: str, text: str, *, model: str, api_key: str | None = None, timeout: float = 30.0
+) -> list[int] | None:
+    """The token ids of ``text`` (no special tokens added) under the tokenizer of ``model`` on the
+    server: vLLM's ``POST /tokenize`` beside ``base_url``'s ``/v1`` (``agent-r1 serve`` answers it
+    too); None when the server has no such endpoint (HTTP 404 or 405)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    url = root + "/tokenize"
+    body = {"model": model, "prompt": text, "add_special_tokens": False}
+    try:
+        async with (
+            aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=timeout), headers=_headers(api_key)
+            ) as session,
+            session.post(url, json=body) as response,
+        ):
+            answer = await response.text()
+            if response.status in (404, 405):
+                return None
+            if response.status != 200:
+                raise PromptLogprobsError(f"POST {url}: HTTP {response.status}: {answer[:300]}")
+            return [int(t) for t in json.loads(answer)["tokens"]]
+    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        raise PromptLogprobsError(f"POST {url}: {type(error).__name__}: {error}") from None
+    except (KeyError, TypeError, ValueError) as error:
+        raise PromptLogprobsError(f"POST {url} answered without token ids ({error})") from None
 
 
 async def served_model(base_url: str, *, api_key: str | None = None, timeout: float = 30.0) -> str:

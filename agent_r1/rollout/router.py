@@ -1,11 +1,12 @@
 """An engine that sends each request to the engine of its role.
 
 Several policies in one run (docs/multi_agent.md) may have roles that the local engine does not
-sample: a frozen policy served by an OpenAI-compatible server (``policies.<name>.server``). ``RoleRouter``
-sends a request whose ``SamplingParams.role`` has an engine of its own to that engine, and every other
+sample: a frozen policy served by an OpenAI-compatible server (``policies.<name>.server``), a policy
+with a model of its own (``policies.<name>.path``, an HF engine over it). ``RoleRouter`` sends a request whose ``SamplingParams.role`` has an engine of its own to that engine, and every other
 request to the local engine. Weight updates, and every other attribute (``model``, ``sleep``,
-``close``, the busy-time counters...), are the local engine's: the routed roles are not trained here;
-``aclose`` closes the HTTP sessions of every engine on the running event loop.
+the busy-time counters...), are the local engine's: a server's roles are not trained here, and a
+policy's own HF engine shares the model its learner trains; ``close`` closes every engine, ``aclose``
+the HTTP sessions of every engine on the running event loop.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ class RoleRouter:
             aclose = getattr(engine, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    def close(self) -> None:
+        """Close every engine that has a ``close`` (the local one, a policy's own HF engine) once."""
+        engines = {id(e): e for e in (self.local, *self.routes.values())}
+        for engine in engines.values():
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
 
     @property
     def weight_version(self) -> int | None:

@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (the
 OpenAI Responses API), ``POST /v1/messages`` (Anthropic's Messages API), ``GET /v1/models``,
-``GET /health``. The completions API takes token-id prompts and returns the generated token ids
+``GET /health``, and vLLM's ``POST /tokenize`` (``{"prompt", "add_special_tokens"}`` ->
+``{"tokens", "count", "max_model_len"}``: a client checks that it shares the server's tokenizer). The completions API takes token-id prompts and returns the generated token ids
 and their log-probs with vLLM's conventions, so one client (``OpenAIEngine``) talks to this server
 and to ``vllm serve`` alike:
 
@@ -206,6 +207,17 @@ class _Handlers:
         if self.max_context is not None:
             card["max_model_len"] = self.max_context
         return web.json_response({"object": "list", "data": [card]})
+
+    async def tokenize(self, body: dict) -> dict:
+        """vLLM's ``/tokenize`` for a text prompt: its token ids under this server's tokenizer."""
+        self.check_model(body)
+        self._need_tokenizer("/tokenize")
+        prompt = field(body, "prompt", str)
+        if prompt is None:
+            raise BadRequest("'prompt' (a string) is required")
+        add_special_tokens = field(body, "add_special_tokens", bool, True)
+        tokens = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        return {"count": len(tokens), "max_model_len": self.max_context, "tokens": tokens}
 
     async def completions(self, body: dict) -> dict:
         prompt = body.get("prompt")
@@ -510,6 +522,7 @@ def build_app(
     app = web.Application(client_max_size=64 * 2**20, middlewares=middlewares)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/v1/models", handlers.models)
+    app.router.add_post("/tokenize", _json_endpoint(handlers, handlers.tokenize))
     app.router.add_post("/v1/completions", _json_endpoint(handlers, handlers.completions))
     app.router.add_post("/v1/chat/completions", _json_endpoint(handlers, handlers.chat_completions))
     for dialect in (RESPONSES, MESSAGES):

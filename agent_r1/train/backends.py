@@ -396,6 +396,7 @@ class LocalLearner:
             trainer_state,
             keep=self.keep_checkpoints,
             tokenizer=self.tokenizer,
+            own_models=getattr(self.policy, "own_models", None),
         )
 
     def load_checkpoint(self, path: Path, *, verify: bool = False) -> dict:
@@ -467,6 +468,7 @@ def local_rollout(
     with_eval: bool = True,
     device=None,
     background: bool = False,
+    own_models=None,
 ) -> LocalRollout:
     """The in-process rollout backend of ``config``.
 
@@ -475,11 +477,13 @@ def local_rollout(
     ``engine`` / ``flow`` / ``eval_flow`` / ``make_env``: pre-built parts that replace the configured
     ones. ``with_eval``: build the evaluation flow too. ``background``: rollouts run on a rollout
     thread while the learner trains (``trainer.mode: async``). With several policies, the roles of a
-    policy sampled by a server go to it (``RoleRouter`` around the engine, ``server_engines``).
+    policy sampled by a server go to it (``RoleRouter`` around the engine, ``server_engines``), those
+    of a policy with a model of its own (``own_models``: ``load_own_models``') to an engine over it
+    (``own_engines``).
     """
     from agent_r1.rollout.router import RoleRouter
     from agent_r1.train.builders import rollout_engine, rollout_flows
-    from agent_r1.train.policies import server_engines
+    from agent_r1.train.policies import own_engines, server_engines
 
     flow, eval_flow = rollout_flows(
         config, tokenizer, flow=flow, eval_flow=eval_flow, make_env=make_env, with_eval=with_eval
@@ -492,9 +496,13 @@ def local_rollout(
             shares_model = rollout.share_model
             source = model if shares_model else engine_copy(model, config)
         engine = rollout_engine(config, tokenizer, source, device=None if model is not None else device)
-    servers = server_engines(config) if config.policies else {}
-    if servers:  # the roles of policies sampled by a server go there, every other to the engine
-        engine = RoleRouter(engine, servers)
+    routes = (
+        {**server_engines(config, tokenizer), **own_engines(config, tokenizer, own_models or {})}
+        if config.policies
+        else {}
+    )
+    if routes:  # the roles of a server's or an own model's policy go there, every other to the engine
+        engine = RoleRouter(engine, routes)
     if background and model is not None and getattr(engine, "model", None) is model:
         raise ConfigError(
             "trainer.mode",
@@ -518,15 +526,15 @@ def local_rollout(
     )
 
 
-def local_learner(config, tokenizer, model, device, *, data_parallel=None) -> LocalLearner:
-    """The learners of one process: ``model``'s Learner (with the reference for the KL term), for
-    estimators that read values a critic, and a local distillation teacher (``algorithm.distill``).
-    The in-process learner backend, and (with ``data_parallel``, see ``build_learners``) what each Ray
-    learner worker holds."""
+def local_learner(config, tokenizer, model, device, *, data_parallel=None, own_models=None) -> LocalLearner:
+    """The learners of one process: ``model``'s Learner (with the reference for the KL term; with
+    several policies, ``own_models`` their models of their own), for estimators that read values a
+    critic, and a local distillation teacher (``algorithm.distill``). The in-process learner backend,
+    and (with ``data_parallel``, see ``build_learners``) what each Ray learner worker holds."""
     from agent_r1.train.builders import build_learners
     from agent_r1.train.teacher import load_teacher
 
-    policy, critic = build_learners(config, model, device, data_parallel=data_parallel)
+    policy, critic = build_learners(config, model, device, data_parallel=data_parallel, own_models=own_models)
     return LocalLearner(
         policy,
         critic,
@@ -633,7 +641,7 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
     """The in-process backends: the policy (``parts.model``, or ``load_policy`` on ``model.device``),
     an engine and flows around it (``local_rollout``), its learner and critic (``local_learner``)."""
     from agent_r1.train.builders import check_attention, resolve_device
-    from agent_r1.train.policies import policy_model
+    from agent_r1.train.policies import load_own_models, policy_model
 
     check_attention(config)
     configured = resolve_device(config)  # checked also when a model is passed in
@@ -643,6 +651,7 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
             raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
         model = policy_model(config).to(configured)  # an adapter per policy (agent_r1.train.policies)
     device = next(model.parameters()).device
+    own_models = load_own_models(config, device)  # the policies with a model of their own
     rollouts = local_rollout(
         config,
         tokenizer,
@@ -653,9 +662,10 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
         make_env=parts.env_factory,
         with_eval=parts.with_eval,
         background=config.trainer.mode == "async",
+        own_models=own_models,
     )
     try:
-        learner = local_learner(config, tokenizer, model, device)
+        learner = local_learner(config, tokenizer, model, device, own_models=own_models)
     except BaseException:
         rollouts.close()
         raise

@@ -225,26 +225,27 @@ def _total_updates(config: TrainConfig) -> int:
     return trainer.steps * trainer.ppo_epochs * trainer.mini_batches
 
 
-def policy_learner(config: TrainConfig, model, *, reference=None, sync=None) -> Learner:
+def policy_learner(config: TrainConfig, model, *, reference=None, sync=None, own_models=None) -> Learner:
     """The policy's ``Learner`` (AdamW, schedule) over ``model`` (built by ``load_policy``); with
     several policies (``config.policies``) a ``PolicyLearners``: one Learner per trained policy over
-    its adapter, with the policy's learning rate."""
+    its adapter, with the policy's learning rate; a policy with a model of its own
+    (``own_models``: ``agent_r1.train.policies.load_own_models``') over its adapter on that model."""
     if config.policies:
         from agent_r1.train.policies import PolicyLearners, adapter_parameters, trained_policies
 
-        return PolicyLearners(
-            {
-                name: Learner(
-                    model,
-                    replace(config.trainer, lr=config.policies[name].lr or config.trainer.lr),
-                    temperature=config.rollout.temperature,
-                    total_optimizer_steps=_total_updates(config),
-                    sync=sync,
-                    parameters=adapter_parameters(model, name),
-                )
-                for name in trained_policies(config)
-            }
-        )
+        own_models = own_models or {}
+        learners = {}
+        for name in trained_policies(config):
+            policy_model = own_models.get(name, model)
+            learners[name] = Learner(
+                policy_model,
+                replace(config.trainer, lr=config.policies[name].lr or config.trainer.lr),
+                temperature=config.rollout.temperature,
+                total_optimizer_steps=_total_updates(config),
+                sync=sync,
+                parameters=adapter_parameters(policy_model, name),
+            )
+        return PolicyLearners(learners, model)
     return Learner(
         model,
         config.trainer,
@@ -294,11 +295,12 @@ def rollout_flows(
     return flow, eval_flow
 
 
-def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None):
+def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None, roles=None):
     """The configured engine (``rollout.engine`` with ``rollout.engine_kwargs``) over ``source``: a
     loaded model (the HF engine), or by default the weights at ``model.path``, loaded frozen (on
-    ``device`` for the HF engine; None: the CPU). An engine that cannot be built here is a
-    ``ConfigError`` naming ``rollout.engine``."""
+    ``device`` for the HF engine; None: the CPU). With several policies it serves ``roles`` (role ->
+    adapter; default ``engine_roles``: the roles of the shared base's policies). An engine that
+    cannot be built here is a ``ConfigError`` naming ``rollout.engine``."""
     from agent_r1.rollout.factory import EngineUnavailable, build_engine
 
     rollout = config.rollout
@@ -310,7 +312,7 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None):
     if config.policies:
         from agent_r1.train.policies import engine_roles, max_adapter_rank
 
-        kwargs["roles"] = engine_roles(config)  # every role's adapter, served in one batch
+        kwargs["roles"] = engine_roles(config) if roles is None else roles  # each role's adapter, one batch
         if rollout.engine == "vllm":
             kwargs.setdefault("max_lora_rank", max_adapter_rank(config))
     try:
@@ -324,7 +326,7 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None):
         )
     except EngineUnavailable as error:
         raise ConfigError("rollout.engine", str(error)) from None
-    if config.policies and rollout.engine == "vllm":
+    if config.policies and rollout.engine == "vllm" and roles is None:
         from agent_r1.train.policies import adapter_folders
 
         frozen = adapter_folders(config)
@@ -339,15 +341,18 @@ def build_learners(
     device,
     *,
     data_parallel: Callable[[Any, Callable[[], Any]], Any] | None = None,
+    own_models=None,
 ) -> tuple[Learner, Learner | None]:
-    """The policy's ``Learner`` over ``model`` (with the frozen reference for the KL term) and, for
-    estimators that read values, the critic's (a value head on its own copy of the policy's body).
+    """The policy's ``Learner`` over ``model`` (with the frozen reference for the KL term; with
+    several policies, ``own_models`` their models of their own) and, for estimators that read
+    values, the critic's (a value head on its own copy of the policy's body).
 
     ``data_parallel(model, replica)``: on a rank of a learner group, the ``GradientSync`` strategy
     that wraps a model (``replica()`` builds an unsharded copy of it); None in one process, where the
     critic is moved to ``device`` (the policy is already there)."""
     sync = None if data_parallel is None else data_parallel(model, lambda: load_policy(config.model))
-    policy = policy_learner(config, model, reference=load_reference(config, model, device), sync=sync)
+    reference = load_reference(config, model, device)
+    policy = policy_learner(config, model, reference=reference, sync=sync, own_models=own_models)
     if estimator_needs(config).critic is None:
         return policy, None
     from agent_r1.train.critic import load_critic

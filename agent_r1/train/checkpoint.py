@@ -32,6 +32,7 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +109,11 @@ def save_checkpoint(
     *,
     keep: int,
     tokenizer=None,
+    own_models: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically under ``directory``; prune to the last ``keep``."""
+    """Write checkpoint ``step`` atomically under ``directory``; prune to the last ``keep``.
+    ``own_models``: the trained policies with a model of their own (``PolicyLearners.own_models``),
+    each one's adapter saved beside the shared base's, in ``model/<name>/``."""
     directory = Path(directory)
     final = directory / f"{PREFIX}{step:06d}"
     tmp = directory / f"{TMP_PREFIX}{final.name}"
@@ -118,6 +122,10 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         save_model(model, tokenizer, tmp / "model")
+        for name, own in (own_models or {}).items():
+            save_model(own, None, tmp / "own")  # peft writes adapter <name> to own/<name>/
+            os.replace(tmp / "own" / name, tmp / "model" / name)
+            shutil.rmtree(tmp / "own")
         fault_injection.mid_checkpoint_write(step)  # a test may kill the process here
         torch.save(learner_state, tmp / "learner.pt")
         torch.save({**trainer_state, "step": step}, tmp / "trainer_state.pt")
@@ -223,6 +231,20 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return None
 
 
+def _load_adapter(path: Path, model, adapter: str) -> None:
+    """Adapter ``adapter`` of peft ``model`` from checkpoint ``path`` (``model/`` for "default",
+    else ``model/<adapter>/``)."""
+    from peft import set_peft_model_state_dict
+
+    folder = path / "model" if adapter == "default" else path / "model" / adapter
+    result = set_peft_model_state_dict(model, _read_safetensors(folder), adapter_name=adapter)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ValueError(
+            f"{path}: weights of adapter {adapter!r} do not match the model: unexpected {unexpected[:5]}"
+        )
+
+
 def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -235,8 +257,12 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_checkpoint(path: str | Path, model, *, verify: bool = True) -> tuple[dict, dict]:
-    """Load the weights of checkpoint ``path`` into ``model``; return (learner_state, trainer_state).
+def load_checkpoint(
+    path: str | Path, model, *, verify: bool = True, own_models: Mapping[str, Any] | None = None
+) -> tuple[dict, dict]:
+    """Load the weights of checkpoint ``path`` into ``model`` (and each of ``own_models``, the
+    policies with a model of their own: its adapter from ``model/<name>/``); return (learner_state,
+    trainer_state).
 
     ``verify`` checks every file against the manifest first (``CheckpointError`` if one does not
     match); ``verify=False`` is for a checkpoint that ``latest_checkpoint`` has just verified.
@@ -248,18 +274,12 @@ def load_checkpoint(path: str | Path, model, *, verify: bool = True) -> tuple[di
     if problem is not None:
         raise CheckpointError(f"checkpoint {path} is corrupt: {problem}")
     if _is_peft(model):
-        from peft import set_peft_model_state_dict
-
         # peft saves adapter "default" in the folder, any other beside it in a subfolder of its name
         # (several policies: agent_r1.train.policies)
         for adapter in model.peft_config:
-            folder = path / "model" if adapter == "default" else path / "model" / adapter
-            result = set_peft_model_state_dict(model, _read_safetensors(folder), adapter_name=adapter)
-            unexpected = getattr(result, "unexpected_keys", [])
-            if unexpected:
-                raise ValueError(
-                    f"{path}: weights of adapter {adapter!r} do not match the model: unexpected {unexpected[:5]}"
-                )
+            _load_adapter(path, model, adapter)
+        for name, own in (own_models or {}).items():
+            _load_adapter(path, own, name)
     else:
         weights = _read_safetensors(path / "model")
         missing, unexpected = model.load_state_dict(weights, strict=False)

@@ -466,8 +466,9 @@ class DistributedConfig:
 @dataclass(frozen=True)
 class PolicyConfig:
     """How one policy of ``policies`` is held (docs/multi_agent.md): a LoRA adapter of its name on
-    the shared base, trained unless ``frozen``; frozen, it is the base model with every adapter off,
-    the adapter saved in ``adapter``, or the model of an OpenAI-compatible ``server``."""
+    the shared base, trained unless ``frozen``; or a model of its own (``path``); frozen, it is the
+    base model with every adapter off, the adapter saved in ``adapter``, the model in ``path``, or the
+    model of an OpenAI-compatible ``server``."""
 
     frozen: bool = _opt(
         False,
@@ -481,6 +482,13 @@ class PolicyConfig:
         "a checkpoint's model/<policy>/, or model/ of a one-policy run), loaded onto the shared base "
         "under this policy's name with its own rank and target modules. Frozen: sampled as it is; "
         "trained: the adapter starts from these weights, with a fresh optimizer.",
+    )
+    path: str | None = _opt(
+        None,
+        "A model of its own (a Hugging Face model folder) instead of an adapter on the shared base: "
+        "trained, a LoRA adapter of this policy's name on it (model.lora's settings) with its own "
+        "optimizer; frozen, sampled as it is. It must share the run's tokenizer (vocabulary and chat "
+        "template: an episode is tokenized once for every role). The HF engine samples it, in sync mode.",
     )
     server: str | None = _opt(
         None,
@@ -775,9 +783,12 @@ def _check_policies(config: TrainConfig) -> None:
 
 
 def _check_policy_source(config: TrainConfig, name: str, policy: PolicyConfig) -> None:
-    """``adapter`` / ``server`` (and the server's ``model``, ``api_key_env``) of policy ``name``. The
-    adapter folder itself is checked where the run starts (``agent_r1.train.policies.check_adapters``)."""
+    """``adapter`` / ``path`` / ``server`` (and the server's ``model``, ``api_key_env``) of policy
+    ``name``. The adapter and model folders themselves are checked where the run starts
+    (``agent_r1.train.policies.check_adapters``, ``check_own_models``)."""
     key = f"policies.{name}"
+    if policy.path is not None:
+        _check_own_model(config, name, policy)
     if policy.server is not None:
         if not policy.frozen:
             raise ConfigError(
@@ -795,6 +806,32 @@ def _check_policy_source(config: TrainConfig, name: str, policy: PolicyConfig) -
     for option in ("model", "api_key_env"):
         if getattr(policy, option) is not None and policy.server is None:
             raise ConfigError(f"{key}.{option}", "applies to a policy sampled by a server: set server")
+
+
+def _check_own_model(config: TrainConfig, name: str, policy: PolicyConfig) -> None:
+    """A policy with a model of its own (``path``): what it is not combined with, and what it runs on."""
+    key = f"policies.{name}"
+    for other in ("adapter", "server"):
+        if getattr(policy, other) is not None:
+            raise ConfigError(f"{key}.{other}", f"a policy is a model of its own (path) or {other}, not both")
+    if config.rollout.engine != "hf":
+        raise ConfigError(
+            "rollout.engine",
+            f"policy {name!r} has a model of its own (policies.{name}.path), which the HF engine samples; "
+            f"{config.rollout.engine!r} serves adapters of one base model: set rollout.engine: hf",
+        )
+    if not policy.frozen and (not config.rollout.share_model or config.trainer.mode == "async"):
+        raise ConfigError(
+            "rollout.share_model",
+            f"policy {name!r} trains a model of its own (policies.{name}.path), which its engine shares "
+            "for now (no weight sync to a copy): set rollout.share_model: true and trainer.mode: sync",
+        )
+    if not any(not p.frozen and p.path is None for p in config.policies.values()):
+        raise ConfigError(
+            key,
+            "no trained policy is an adapter on the shared base (model.path): make model.path the "
+            "model of one trained policy and drop that policy's path",
+        )
 
 
 def _needs_critic(config: TrainConfig) -> bool:
@@ -925,8 +962,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
     The import paths the config names are then found beside the config file, then in the working
     directory (``add_import_dirs``), as well as wherever Python finds installed packages. A relative
-    ``model.path``, ``model.tokenizer``, ``data.train``, ``data.val`` or ``policies.<name>.adapter`` is
-    taken from the working directory when it exists there, else from the config file's folder when it
+    ``model.path``, ``model.tokenizer``, ``data.train``, ``data.val``, ``policies.<name>.adapter`` or
+    ``policies.<name>.path`` is taken from the working directory when it exists there, else from the config file's folder when it
     exists there (``resolve_paths``)."""
     data: dict[str, Any] = {}
     if path is not None:
@@ -950,10 +987,10 @@ PATH_KEYS = ("model.path", "model.tokenizer", "data.train", "data.val")
 
 
 def resolve_paths(config: TrainConfig, folder: str | Path) -> TrainConfig:
-    """``config`` with each relative path of ``PATH_KEYS`` (and each ``policies.<name>.adapter``) that
-    does not exist from the working directory but does exist in ``folder`` (the config file's) made
-    absolute; every other value unchanged (a hub name, a path found from the working directory, one
-    found nowhere)."""
+    """``config`` with each relative path of ``PATH_KEYS`` (and each ``policies.<name>.adapter`` and
+    ``policies.<name>.path``) that does not exist from the working directory but does exist in
+    ``folder`` (the config file's) made absolute; every other value unchanged (a hub name, a path
+    found from the working directory, one found nowhere)."""
 
     def beside(value: str | None) -> str | None:
         if not value or Path(value).is_absolute() or Path(value).exists():
@@ -970,11 +1007,13 @@ def resolve_paths(config: TrainConfig, folder: str | Path) -> TrainConfig:
     changes: dict[str, Any] = {
         section: replace(getattr(config, section), **values) for section, values in sections.items()
     }
-    adapters = {name: beside(policy.adapter) for name, policy in config.policies.items()}
-    if any(adapters.values()):
+    policies = {
+        name: {k: found for k in ("adapter", "path") if (found := beside(getattr(policy, k)))}
+        for name, policy in config.policies.items()
+    }
+    if any(policies.values()):
         changes["policies"] = {
-            name: replace(policy, adapter=adapters[name]) if adapters[name] else policy
-            for name, policy in config.policies.items()
+            name: replace(policy, **policies[name]) for name, policy in config.policies.items()
         }
     return replace(config, **changes) if changes else config
 

@@ -46,9 +46,11 @@ def evaluate(
     eval_flow: AgentFlow | None = None,
     val_tasks: Any = None,
     reward_fn: RewardFn | None = None,
+    own_models: dict | None = None,
 ) -> dict[str, float]:
     """Evaluate the configured policy (``model``, or ``model.path``) on ``data.val`` and return
-    eval/reward, eval/success, eval/error_fraction, eval/tasks, eval/episodes."""
+    eval/reward, eval/success, eval/error_fraction, eval/tasks, eval/episodes. With several policies,
+    ``own_models``: the policies with a model of their own (default: loaded from their paths)."""
     from agent_r1.train.backends import local_rollout
     from agent_r1.train.builders import check_env, load_config_tokenizer, resolve_device
 
@@ -62,10 +64,14 @@ def evaluate(
     if not tasks:
         raise ConfigError("data.val", "no validation tasks to evaluate on")
     device = resolve_device(config)
-    if model is None and engine is None and config.policies:
-        from agent_r1.train.policies import policy_model
+    if engine is None and config.policies:
+        from agent_r1.train.policies import load_own_models, policy_model
 
-        model = policy_model(config)  # every policy's adapter on the base: each role its own
+        if model is None:
+            model = policy_model(config)  # every policy's adapter on the base: each role its own
+        if own_models is None:
+            own_models = load_own_models(config)
+        own_models = {name: m.to(device) for name, m in own_models.items()}
     if model is not None and engine is None:
         model = model.to(device)
     rollouts = local_rollout(
@@ -77,6 +83,7 @@ def evaluate(
         eval_flow=eval_flow,
         make_env=env_factory,
         device=device,
+        own_models=own_models,
     )
     try:
         return evaluate_rollouts(rollouts, tasks, config, 0, reward_fn=reward_fn)

@@ -253,7 +253,10 @@ class GradientSync:
         return the trainer state. Collective: every rank calls it."""
         from agent_r1.train.checkpoint import load_checkpoint
 
-        learner_state, trainer_state = load_checkpoint(path, learner.model, verify=verify)
+        own_models = getattr(learner, "own_models", None)  # several policies: agent_r1.train.policies
+        learner_state, trainer_state = load_checkpoint(
+            path, learner.model, verify=verify, own_models=own_models
+        )
         learner.load_state_dict(learner_state)
         return trainer_state
 

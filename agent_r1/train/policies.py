@@ -11,6 +11,12 @@ base model with every adapter off; or a saved adapter, loaded onto the shared ba
 (``policies.<name>.server``) that samples its roles instead of the local engine (``server_engines``,
 ``agent_r1.rollout.router.RoleRouter``).
 
+A policy may instead have a model of its own (``policies.<name>.path``, ``load_own_models``): trained,
+a LoRA adapter of its name on that model with its own optimizer; frozen, the model as it is. It shares
+the run's tokenizer (``check_own_models``), and an HF engine of its own samples its roles
+(``own_engines``, through ``RoleRouter``), sharing its model as the local engine shares the base;
+checkpoints hold its adapter beside the others (``model/<name>/``).
+
 - Sampling: the engine serves every role in one batch (``HFEngine`` / ``VLLMEngine`` ``roles=``, from
   ``engine_roles``): each request's ``SamplingParams.role`` picks its adapter; a server policy's
   roles go to its server. The HF engine shares the learner's model (``rollout.share_model``) or
@@ -36,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -54,12 +61,18 @@ __all__ = [
     "adapter_folders",
     "adapter_of",
     "adapter_parameters",
+    "adapter_policies",
     "by_policy",
     "check_adapters",
+    "check_own_models",
+    "check_server_tokenizer",
     "engine_roles",
     "export_adapters",
+    "load_own_models",
     "load_saved_adapters",
     "max_adapter_rank",
+    "own_engines",
+    "own_model_policies",
     "policy_model",
     "policy_of",
     "role_metrics",
@@ -67,10 +80,27 @@ __all__ = [
     "trained_policies",
 ]
 
+logger = logging.getLogger(__name__)
+
 
 def trained_policies(config: TrainConfig) -> list[str]:
     """The policies that train (not frozen), in the config's order."""
     return [name for name, policy in config.policies.items() if not policy.frozen]
+
+
+def adapter_policies(config: TrainConfig) -> list[str]:
+    """The trained policies that are adapters on the shared base (no model of their own), in order."""
+    return [name for name in trained_policies(config) if config.policies[name].path is None]
+
+
+def own_model_policies(config: TrainConfig) -> list[str]:
+    """The policies with a model of their own (``policies.<name>.path``), in the config's order."""
+    return [name for name, policy in config.policies.items() if policy.path is not None]
+
+
+def _roles_of(config: TrainConfig, names: Sequence[str]) -> dict[str, str]:
+    """role -> policy for the policies ``names``: each by its own name and every role mapped to it."""
+    return {**{name: name for name in names}, **{r: p for r, p in config.roles.items() if p in names}}
 
 
 def policy_of(config: TrainConfig, role: str | None) -> str | None:
@@ -97,13 +127,13 @@ def policy_of(config: TrainConfig, role: str | None) -> str | None:
 def engine_roles(config: TrainConfig) -> dict[str, str | None] | None:
     """What the local engine serves: role -> adapter name (None: the base model, adapters off), for
     every policy by its own name and every role in ``roles``, but the roles of a policy sampled by a
-    server (``server_engines``); None with one policy."""
+    server (``server_engines``) or with a model of its own (``own_engines``); None with one policy."""
     if not config.policies:
         return None
     adapter = {
         name: None if policy.frozen and policy.adapter is None else name
         for name, policy in config.policies.items()
-        if policy.server is None
+        if policy.server is None and policy.path is None
     }
     return {
         **adapter,
@@ -111,20 +141,22 @@ def engine_roles(config: TrainConfig) -> dict[str, str | None] | None:
     }
 
 
-def server_engines(config: TrainConfig) -> dict[str, Any]:
+def server_engines(config: TrainConfig, tokenizer) -> dict[str, Any]:
     """Each role of a policy sampled by a server (``policies.<name>.server``) -> an ``OpenAIEngine``
     on that server (one per policy), requests sent as ``policies.<name>.model`` (default: the
-    server's first model). Lists the server's models once: a server that cannot be reached, a model
-    it does not serve or an API key not set is a ``ConfigError`` naming the key."""
+    server's first model). Lists the server's models once and checks that it shares ``tokenizer``
+    (the run's: ``check_server_tokenizer``): a server that cannot be reached, a model it does not
+    serve, another tokenizer or an API key not set is a ``ConfigError`` naming the key."""
     from agent_r1.rollout.openai_client import OpenAIEngine
 
     engines = {}
     for name, policy in config.policies.items():
         if policy.server is not None:
             api_key = _api_key(name, policy.api_key_env)
-            engines[name] = OpenAIEngine(policy.server, _server_model(name, policy, api_key), api_key=api_key)
-    plays = {**{name: name for name in engines}, **{r: p for r, p in config.roles.items() if p in engines}}
-    return {role: engines[policy] for role, policy in plays.items()}
+            model = _server_model(name, policy, api_key)
+            check_server_tokenizer(name, policy.server, model, api_key, tokenizer)
+            engines[name] = OpenAIEngine(policy.server, model, api_key=api_key)
+    return {role: engines[policy] for role, policy in _roles_of(config, list(engines)).items()}
 
 
 def _api_key(name: str, variable: str | None) -> str | None:
@@ -146,6 +178,47 @@ def _server_model(name: str, policy, api_key: str | None) -> str:
     if policy.model is not None and policy.model not in models:
         raise ConfigError(f"policies.{name}.model", f"{policy.server} serves {models}, not {policy.model!r}")
     return policy.model or models[0]
+
+
+def check_server_tokenizer(name: str, server: str, model: str, api_key: str | None, tokenizer) -> None:
+    """The server of policy ``name`` tokenizes a probe (a chat rendered by the run's template, with
+    digits and non-ASCII text) into the ids ``tokenizer`` gives it: prompts go to the server as token
+    ids, so another tokenizer would read them as other text. A ``ConfigError`` naming
+    ``policies.<name>.server`` when they differ; a warning when the server has no ``/tokenize`` to
+    ask (it must then share the tokenizer unchecked)."""
+    from agent_r1.rollout.prompt_logprobs import PromptLogprobsError, served_tokens
+
+    probe = "Probe: 12 + 30 = 42? Ünïcödé ✓ 日本語, tabs\tand  spaces."
+    with contextlib.suppress(ValueError, TypeError):  # no chat template: the plain text alone
+        probe = tokenizer.apply_chat_template(
+            [{"role": "user", "content": probe}], tokenize=False, add_generation_prompt=True
+        )
+    key = f"policies.{name}.server"
+    try:
+        theirs = asyncio.run(served_tokens(server, probe, model=model, api_key=api_key))
+    except PromptLogprobsError as error:
+        raise ConfigError(key, f"cannot ask the server to tokenize a probe: {error}") from None
+    if theirs is None:
+        logger.warning(
+            "%s: %s has no /tokenize endpoint, so whether it shares the run's tokenizer cannot be "
+            "checked; prompts go to it as token ids, so it must (vllm serve and agent-r1 serve answer "
+            "/tokenize)",
+            key,
+            server,
+        )
+        return
+    ours = tokenizer.encode(probe, add_special_tokens=False)
+    if theirs != ours:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b),
+            min(len(theirs), len(ours)),
+        )
+        raise ConfigError(
+            key,
+            f"{server} (model {model!r}) tokenizes a probe differently from the run's tokenizer: "
+            f"{len(theirs)} vs {len(ours)} tokens, first difference at token {at} ({theirs[at : at + 3]} vs "
+            f"{ours[at : at + 3]}); prompts go to it as token ids, so it must share the run's tokenizer",
+        )
 
 
 def check_adapters(config: TrainConfig) -> None:
@@ -190,11 +263,12 @@ def _adapter_folder_problem(folder: Path) -> str | None:
 
 
 def policy_model(config: TrainConfig):
-    """The policy model of ``config`` on the CPU: ``load_policy`` with an adapter per trained policy,
-    and the saved adapters of ``policies.<name>.adapter`` loaded (``load_saved_adapters``)."""
+    """The policy model of ``config`` on the CPU: ``load_policy`` with an adapter per trained policy
+    on the shared base, and the saved adapters of ``policies.<name>.adapter`` loaded
+    (``load_saved_adapters``). The policies with a model of their own: ``load_own_models``."""
     from agent_r1.train.learner import load_policy
 
-    model = load_policy(config.model, adapters=trained_policies(config))
+    model = load_policy(config.model, adapters=adapter_policies(config))
     if config.policies:
         load_saved_adapters(model, config)
     return model
@@ -203,9 +277,9 @@ def policy_model(config: TrainConfig):
 def load_saved_adapters(model, config: TrainConfig) -> None:
     """Load each ``policies.<name>.adapter`` onto ``model`` (``load_policy``'s, holding a fresh
     adapter per trained policy) under the policy's name: a frozen policy's not trainable, a trained
-    policy's in place of its fresh adapter. The first trained policy's adapter stays active. An
-    adapter that does not fit the base model (another architecture or size, modules it lacks) is a
-    ``ConfigError`` naming ``policies.<name>.adapter``."""
+    policy's in place of its fresh adapter. The first trained policy on the shared base stays active.
+    An adapter that does not fit the base model (another architecture or size, modules it lacks) is
+    a ``ConfigError`` naming ``policies.<name>.adapter``."""
     check_adapters(config)
     for name, policy in config.policies.items():
         if policy.adapter is None:
@@ -230,8 +304,77 @@ def load_saved_adapters(model, config: TrainConfig) -> None:
                 f"{policy.adapter!r} holds no weights for {len(loaded.missing_keys)} of the modules its "
                 f"adapter_config.json targets, e.g. {loaded.missing_keys[:2]}",
             )
-    model.set_adapter(trained_policies(config)[0])
+    model.set_adapter(adapter_policies(config)[0])
     model.eval()
+
+
+def check_own_models(config: TrainConfig, tokenizer) -> None:
+    """Each ``policies.<name>.path`` is a model folder whose tokenizer is the run's (the same
+    vocabulary and chat template: an episode's prompts are tokenized once, for every role); a
+    ``ConfigError`` naming the key otherwise. Reads tokenizer files only, no weights."""
+    from agent_r1.models.loading import ModelNotFoundError, load_tokenizer
+
+    for name in own_model_policies(config):
+        key, path = f"policies.{name}.path", config.policies[name].path
+        if not Path(path).is_dir():
+            raise ConfigError(
+                key,
+                f"{path!r} is not a folder (a relative path is taken from the working directory, "
+                f"{Path.cwd()}, else from the config file's folder)",
+            )
+        try:
+            own = load_tokenizer(path, require_template=False)
+        except (ModelNotFoundError, OSError, ValueError) as error:
+            raise ConfigError(key, f"{path!r}: its tokenizer cannot be loaded: {error}") from None
+        if own.get_vocab() != tokenizer.get_vocab():
+            raise ConfigError(
+                key,
+                f"{path!r} has another vocabulary than the run's tokenizer ({len(own)} vs {len(tokenizer)} "
+                "tokens): every role's prompts are tokenized once, so a model of its own must share it",
+            )
+        if own.chat_template is not None and own.chat_template != tokenizer.chat_template:
+            raise ConfigError(
+                key,
+                f"{path!r} has another chat template than the run's tokenizer: the episode is rendered "
+                "once, for every role, so a model of its own must share it",
+            )
+
+
+def load_own_models(config: TrainConfig, device=None) -> dict[str, Any]:
+    """Each policy with a model of its own, loaded (on ``device``): a trained one with a LoRA adapter
+    of its name (``load_policy``, ``model.lora``'s settings), a frozen one as it is. Its tokenizer is
+    checked first (``check_own_models``)."""
+    from agent_r1.models.loading import load_frozen_model
+    from agent_r1.train.builders import load_config_tokenizer
+    from agent_r1.train.learner import load_policy
+
+    names = own_model_policies(config)
+    if not names:
+        return {}
+    check_own_models(config, load_config_tokenizer(config))
+    models = {}
+    for name in names:
+        policy = config.policies[name]
+        if policy.frozen:
+            model = load_frozen_model(policy.path, dtype=config.model.dtype, key=f"policies.{name}.path")
+        else:
+            model = load_policy(config.model, path=policy.path, adapters=[name])
+        models[name] = model if device is None else model.to(device)
+    return models
+
+
+def own_engines(config: TrainConfig, tokenizer, models: Mapping[str, Any]) -> dict[str, Any]:
+    """Each role of a policy with a model of its own -> an engine over that model (``models``:
+    ``load_own_models``'), one per policy, built as the run's engine is (``rollout_engine``) and
+    sharing the model (its optimizer's steps are what it samples next)."""
+    from agent_r1.train.builders import rollout_engine
+
+    engines = {}
+    for name, model in models.items():
+        adapter = None if config.policies[name].frozen else name
+        roles = {role: adapter for role in _roles_of(config, [name])}
+        engines[name] = rollout_engine(config, tokenizer, model, roles=roles)
+    return {role: engines[policy] for role, policy in _roles_of(config, list(engines)).items()}
 
 
 def adapter_folders(config: TrainConfig) -> dict[str, str]:
@@ -322,11 +465,20 @@ class PolicyLearners:
     ``updated``: the policies whose adapter changed (an update, a loaded checkpoint) since the
     engine's copy last took them (``weights``)."""
 
-    def __init__(self, learners: Mapping[str, Any]) -> None:
+    def __init__(self, learners: Mapping[str, Any], model=None) -> None:
         self.learners = dict(learners)
         first = next(iter(self.learners.values()))
-        self.model, self.sync = first.model, first.sync
+        self.model = first.model if model is None else model  # the shared base
+        self.sync = first.sync
         self.updated: set[str] = set(self.learners)  # what an engine's own copy has not taken yet
+
+    @property
+    def own_models(self) -> dict[str, Any]:
+        """The trained policies' models of their own (not the shared base), by name: what a
+        checkpoint saves beside it (``model/<name>/``) and loads back."""
+        return {
+            name: learner.model for name, learner in self.learners.items() if learner.model is not self.model
+        }
 
     def of(self, name: str) -> AdapterLearner:
         return AdapterLearner(self.learners[name], name, self.updated)
@@ -338,7 +490,7 @@ class PolicyLearners:
         engine that holds none yet (vLLM) gets them all first."""
 
         def changed() -> dict[str, LoraWeights]:
-            names = [name for name in self.learners if name in self.updated]
+            names = [name for name in self.learners if name in self.updated and name not in self.own_models]
             self.updated.clear()
             return export_adapters(self.model, names)
 

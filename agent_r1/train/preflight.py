@@ -13,7 +13,8 @@ In order, each failure one of ``PREFLIGHT_ERRORS`` naming the key, the file and 
    Hub cannot be reached, the process goes offline (``go_offline``) and a name missing from the
    local cache fails at once instead of after a minute of retries; each ``policies.<name>.adapter``
    a LoRA adapter folder that peft saved (``agent_r1.train.policies.check_adapters``);
-4. the tokenizer loaded (no weights) and its chat template present;
+4. the tokenizer loaded (no weights) and its chat template present; each ``policies.<name>.path`` a
+   model folder whose tokenizer is the run's (``agent_r1.train.policies.check_own_models``);
 5. every row of ``data.train`` and ``data.val``: ``data.required_fields``, the env's
    ``required_fields``, and no field the env does not read (its ``task_fields``);
 6. the env built with the tokenizer and reset on the first row of ``data.train`` and of
@@ -50,7 +51,7 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
         load_config_tokenizer,
         resolve_device,
     )
-    from agent_r1.train.policies import check_adapters
+    from agent_r1.train.policies import check_adapters, check_own_models
 
     report = [f"device: {resolve_device(config)}"]
     check_attention(config)
@@ -64,6 +65,12 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
         f"policies.{name}.adapter {policy.adapter!r}: a LoRA adapter folder"
         for name, policy in config.policies.items()
         if policy.adapter is not None
+    ]
+    check_own_models(config, tokenizer)
+    report += [
+        f"policies.{name}.path {policy.path!r}: a model folder with the run's tokenizer"
+        for name, policy in config.policies.items()
+        if policy.path is not None
     ]
     tasks = {}
     for split in splits:

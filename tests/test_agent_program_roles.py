@@ -227,6 +227,55 @@ def test_two_agents_sdk_agents_hand_off_and_each_is_a_role(tiny_tokenizer):
     assert planner.outcome_reward == executor.outcome_reward == 1.0
 
 
+# ----------------------------------------------------------------------- LangGraph: two model nodes
+
+
+async def langgraph_team(task, client) -> AgentResult:
+    """A LangGraph graph of two model nodes, one ``ChatOpenAI`` each named by its role: the planner
+    writes a plan, the executor acts on it."""
+    import httpx
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    http = httpx.AsyncClient(timeout=None)  # closed with the episode (examples/langgraph_agent.py)
+
+    def chat(role: str) -> ChatOpenAI:
+        base_url, key = str(client.base_url), client.api_key
+        return ChatOpenAI(model=role, base_url=base_url, api_key=key, max_retries=0, http_async_client=http)
+
+    planner, executor = chat("planner"), chat("executor")
+
+    async def plan(state: MessagesState) -> dict:
+        return {"messages": [await planner.ainvoke(state["messages"])]}
+
+    async def act(state: MessagesState) -> dict:
+        order = HumanMessage(f"Do this: {state['messages'][-1].content}")
+        return {"messages": [await executor.ainvoke([order])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("plan", plan)
+    graph.add_node("act", act)
+    graph.add_edge(START, "plan")
+    graph.add_edge("plan", "act")
+    graph.add_edge("act", END)
+    try:
+        state = await graph.compile().ainvoke({"messages": [HumanMessage(task["prompt"])]})
+    finally:
+        await http.aclose()
+    return AgentResult(reward=1.0, answer=state["messages"][-1].content)
+
+
+def test_a_langgraph_graph_of_two_model_nodes_is_a_trajectory_per_role(tiny_tokenizer):
+    pytest.importorskip("langgraph")
+    (planner, executor), roles = run(tiny_tokenizer, ["step one", "done"], langgraph_team)
+    assert roles == ["planner", "executor"]
+    assert [len(planner.steps), len(executor.steps)] == [1, 1]
+    assert "Do this: step one" in tiny_tokenizer.decode(list(executor.steps[0].prompt_ids))
+    assert "Plan, then do." in tiny_tokenizer.decode(list(planner.steps[0].prompt_ids))
+    assert planner.outcome_reward == executor.outcome_reward == 1.0
+
+
 # ----------------------------------------------------------------------- training: a policy per role
 
 

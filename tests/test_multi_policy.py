@@ -142,7 +142,7 @@ def _policies_config(tiny_checkpoint, run_dir, **sections):
         ({"model": {"lora": {"rank": 0}}}, "model.lora.rank", "LoRA adapter on the shared base"),
         ({"policies": {"low": {"frozen": True, "lr": 1e-3}, "high": {}}}, "policies.low.lr", "no optimizer"),
         ({"policies": {"low": {"frozen": True}}}, "policies", "every policy is frozen"),
-        ({"distributed": {"backend": "ray"}}, "distributed.backend", "one process"),
+        ({"distributed": {"backend": "ray", "strategy": "fsdp2"}}, "distributed.strategy", "ddp"),
         ({"algorithm": {"advantage": {"name": "gae_token"}}}, "algorithm.advantage.name", "no critic"),
         # async samples while the learner updates, as with one policy: the engine needs its own copy
         (

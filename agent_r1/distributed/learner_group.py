@@ -50,9 +50,10 @@ from agent_r1.train.batching import MicroBatch
 from agent_r1.train.builders import estimator_needs, load_config_tokenizer
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import Learner, MiniBatch, TokenLoss, load_policy
+from agent_r1.train.policies import policy_model
 from agent_r1.train.process import apply_process_settings
 
-__all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "shard_micro_batches"]
+__all__ = ["LearnerFailure", "LearnerGroup", "LearnerWorker", "PolicyGroup", "shard_micro_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +124,9 @@ class LearnerWorker:
             return make_strategy(config.distributed.strategy, model, device, replica)
 
         tokenizer = load_config_tokenizer(config)
-        self.learners = local_learner(
-            config, tokenizer, load_policy(config.model), device, data_parallel=data_parallel
-        )
+        # several policies (agent_r1.train.policies): every policy's adapter on the base
+        model = policy_model(config) if config.policies else load_policy(config.model)
+        self.learners = local_learner(config, tokenizer, model, device, data_parallel=data_parallel)
         return self.rank
 
     @property
@@ -137,13 +138,18 @@ class LearnerWorker:
     def critic(self) -> Learner | None:
         return self.learners.critic
 
-    def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int, reference: bool) -> torch.Tensor:
-        return self.learners.logprobs(micro_batches, num_tokens, reference=reference)
+    def logprobs(
+        self, micro_batches: Sequence[MicroBatch], num_tokens: int, reference: bool, policy: str | None = None
+    ) -> torch.Tensor:
+        learner = self.learners.for_policy(policy)
+        return learner.logprobs(micro_batches, num_tokens, reference=reference)
 
-    def update(self, mini_batch: MiniBatch, objective: TokenLoss, with_entropy: bool) -> dict[str, float]:
-        """``Learner.update`` over this rank's shard with the driver's ``objective``; the strategy makes
-        every rank take the same step."""
-        return self.learners.update(mini_batch, objective, with_entropy=with_entropy)
+    def update(
+        self, mini_batch: MiniBatch, objective: TokenLoss, with_entropy: bool, policy: str | None = None
+    ) -> dict[str, float]:
+        """``Learner.update`` of ``policy`` (None: the run's one policy) over this rank's shard with the
+        driver's ``objective``; the strategy makes every rank take the same step."""
+        return self.learners.for_policy(policy).update(mini_batch, objective, with_entropy=with_entropy)
 
     def teacher_logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
         return self.learners.teacher_logprobs(micro_batches, num_tokens)
@@ -155,12 +161,23 @@ class LearnerWorker:
         """The critic's ``Learner.update`` over this rank's shard with the driver's value objective."""
         return self.learners.update_critic(mini_batch, objective)
 
-    def export_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """The policy's weights under Hugging Face names (LoRA merged), on the CPU, for the engines
-        (rank 0; the other ranks take part in gathering sharded weights and return None)."""
+    def export_weights(self) -> list[tuple[str, torch.Tensor]] | dict | None:
+        """The policy's weights under Hugging Face names (LoRA merged), on the CPU, for the engines;
+        with several policies every trained policy's adapter (``{adapter: LoraWeights}``, all of them,
+        so that an actor started later gets the whole set). Rank 0; the other ranks take part in
+        gathering sharded weights and return None."""
         model, _ = self.learner.sync.full_state(self.learner, optimizer=False)
         if model is None:
             return None
+        if self.config.policies:
+            from agent_r1.rollout.base import LoraWeights
+            from agent_r1.train.policies import export_adapters, trained_policies
+
+            adapters = export_adapters(model, trained_policies(self.config))
+            return {
+                name: LoraWeights(w.config, {k: t.cpu() for k, t in w.tensors.items()})
+                for name, w in adapters.items()
+            }
         return [(name, t.cpu()) for name, t in export_weights(model)]
 
     def save_checkpoint(self, directory: str, step: int, trainer_state: dict) -> str | None:
@@ -298,8 +315,20 @@ class LearnerGroup:
 
         return self._get(submit)
 
-    def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int, *, reference: bool = False):
-        parts = self._sharded("logprobs", micro_batches, num_tokens, reference)
+    def for_policy(self, name: str | None):
+        """The learners that train policy ``name`` (``agent_r1.train.policies``): the group itself with
+        one policy (None); else a view whose calls name the policy (``PolicyGroup``)."""
+        return self if name is None else PolicyGroup(self, name)
+
+    def logprobs(
+        self,
+        micro_batches: Sequence[MicroBatch],
+        num_tokens: int,
+        *,
+        reference: bool = False,
+        policy: str | None = None,
+    ):
+        parts = self._sharded("logprobs", micro_batches, num_tokens, reference, policy)
         return torch.stack(parts).sum(0)  # shards score disjoint tokens; the rest are zeros
 
     def values(self, micro_batches: Sequence[MicroBatch], num_tokens: int) -> torch.Tensor:
@@ -324,10 +353,16 @@ class LearnerGroup:
         return results[0]
 
     def update(
-        self, mini_batch: MiniBatch, objective: TokenLoss, *, with_entropy: bool = False
+        self,
+        mini_batch: MiniBatch,
+        objective: TokenLoss,
+        *,
+        with_entropy: bool = False,
+        policy: str | None = None,
     ) -> dict[str, float]:
-        """One data-parallel optimizer step of the policy on ``objective``."""
-        return self._update("update", mini_batch, objective, with_entropy)
+        """One data-parallel optimizer step of ``policy`` (None: the run's one) on ``objective``; the
+        journal keeps the policy's name for a replay."""
+        return self._update("update", mini_batch, objective, with_entropy, policy)
 
     def update_critic(self, mini_batch: MiniBatch, objective: TokenLoss) -> dict[str, float]:
         return self._update("update_critic", mini_batch, objective)
@@ -367,3 +402,25 @@ class LearnerGroup:
         self._kill_workers()
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+class PolicyGroup:
+    """One policy's view of the learner group (several policies, ``LearnerGroup.for_policy``): its
+    log-probs and updates name the policy, on every rank (whose ``LocalLearner.for_policy`` makes its
+    adapter active); everything else is the group's."""
+
+    def __init__(self, group: LearnerGroup, name: str) -> None:
+        self.group, self.name = group, name
+
+    def logprobs(self, micro_batches: Sequence[MicroBatch], num_tokens: int, *, reference: bool = False):
+        return self.group.logprobs(micro_batches, num_tokens, reference=reference, policy=self.name)
+
+    def update(
+        self, mini_batch: MiniBatch, objective: TokenLoss, *, with_entropy: bool = False
+    ) -> dict[str, float]:
+        return self.group.update(mini_batch, objective, with_entropy=with_entropy, policy=self.name)
+
+    def __getattr__(self, name: str):
+        if name in ("group", "name"):  # not set yet (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.group, name)

@@ -23,7 +23,8 @@ def ray_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backend
     runtime env ``parts.runtime_env``; the actors load their own tokenizer, models and engines.
 
     Starts a local Ray cluster when none is running and ``distributed.address`` is unset (the learner
-    group stops it again on ``close``); otherwise joins the running one (``ray.init(address=...)``)."""
+    group stops it again on ``close``); otherwise joins the running one (``ray.init(address=...)``).
+    With several policies the actors start from the learner's adapters (``agent_r1.train.policies``)."""
     from transformers import AutoConfig
 
     model_config = AutoConfig.from_pretrained(config.model.path)
@@ -36,6 +37,8 @@ def ray_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backend
     try:
         rollouts = RolloutPool(config, parts.runtime_env)
         learner = LearnerGroup(config, parts.runtime_env, owns_ray=owns_ray)
+        if config.policies:  # every trained adapter, from the learner (a vLLM engine holds none yet)
+            rollouts.update_weights(learner.weights(), 0)
     except BaseException:
         if rollouts is not None:
             rollouts.close()

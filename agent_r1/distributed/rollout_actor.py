@@ -86,14 +86,24 @@ class RolloutActor:
     and the configured train / eval flows, all built here from the config."""
 
     def __init__(self, config: TrainConfig, slot: int) -> None:
+        from agent_r1.train.backends import routed_engine
         from agent_r1.train.builders import load_config_tokenizer, rollout_engine, rollout_flows
         from agent_r1.train.process import apply_process_settings
 
         apply_process_settings(config.trainer)
         self.slot = slot
         tokenizer = load_config_tokenizer(config)
-        # The weights at model.path, frozen (the engine only samples; the learner pushes updates).
-        self.engine = VersionedEngine(rollout_engine(config, tokenizer))
+        # The weights at model.path, frozen (the engine only samples; the learner pushes updates);
+        # with several policies the HF engine holds every policy's adapter on them, and the roles of
+        # a server's policy go to the server (agent_r1.train.policies).
+        source = None
+        if config.policies and config.rollout.engine == "hf":
+            from agent_r1.train.policies import policy_model
+
+            source = policy_model(config)
+        self.engine = VersionedEngine(
+            routed_engine(config, tokenizer, rollout_engine(config, tokenizer, source))
+        )
         self.flow, self.eval_flow = rollout_flows(config, tokenizer)
         self._groups: dict[tuple[str, int, int], _GroupSeeds] = {}
         self._seed_base = ""
@@ -111,18 +121,21 @@ class RolloutActor:
             self._groups[key] = _GroupSeeds(sample_engine(self.engine, *key))
         return _OrderedSample(self._groups[key])
 
-    async def sample(self, request: SampleRequest) -> tuple[Trajectory, int, float]:
-        """One trajectory, its start order within its group on this actor and when it finished
-        (``time.time()``); a failing flow becomes an ERROR trajectory (as in ``rollout_group``)."""
+    async def sample(self, request: SampleRequest) -> tuple[tuple[Trajectory, ...], int, float]:
+        """One sample's trajectories (one, or one per role of an episode of several, each with
+        ``info["episode"]`` as ``rollout_group`` gives it), its start order within its group on this
+        actor and when it finished (``time.time()``); a failing flow becomes an ERROR trajectory."""
         from agent_r1.flows.base import rollout_group
 
         flow = self.eval_flow if request.evaluation else self.flow
         engine = self._engine_for(request)
         watch = self.engine.watch()
-        group = watch.stamp(await rollout_group(flow, engine, request.task, 1, request.group_id))
-        (trajectory,) = group.trajectories
+        index = request.key.sample_index
+        group = watch.stamp(
+            await rollout_group(flow, engine, request.task, 1, request.group_id, first_sample=index)
+        )
         # Ordered by sample index: each sample is seeded by its own identity (sample_seed_base).
-        return trajectory, request.key.sample_index, time.time()
+        return tuple(group.trajectories), index, time.time()
 
     async def update_weights(self, named_tensors: Sequence[tuple[str, Any]], version: int) -> int:
         """Swap in new weights between requests (in-flight samples continue from their next step)."""
@@ -139,7 +152,7 @@ class RolloutJob:
     n: int
     # object ref -> (request, actor slot, generation of the actor in that slot when it was sent)
     pending: dict[Any, tuple[SampleRequest, int, int]] = field(default_factory=dict)
-    done: dict[SampleKey, Trajectory] = field(default_factory=dict)
+    done: dict[SampleKey, tuple[Trajectory, ...]] = field(default_factory=dict)  # a trajectory per role
     # sort key of each sample inside its group: (attempt, start order on its actor, sample index)
     order: dict[SampleKey, tuple[int, int, int]] = field(default_factory=dict)
     requeued: list[SampleKey] = field(default_factory=list)
@@ -212,13 +225,14 @@ class RolloutPool:
         ``on_result(key, slot)`` is called as each sample arrives (progress reporting; tests use it to
         kill an actor mid-rollout)."""
         from agent_r1.envs.context import task_id
+        from agent_r1.flows.base import task_group_id
 
         restarts_here = 0
         while job.pending:
             (ref,), _ = ray.wait(list(job.pending), num_returns=1)
             request, slot, generation = job.pending.pop(ref)
             try:
-                trajectory, order, finished = ray.get(ref)
+                trajectories, order, finished = ray.get(ref)
             except RayActorError as error:
                 if generation == self.generations[slot]:
                     restarts_here += 1
@@ -234,7 +248,7 @@ class RolloutPool:
                 continue
             if request.key in job.done:
                 raise RuntimeError(f"sample {request.key} came back twice")
-            job.done[request.key] = trajectory
+            job.done[request.key] = trajectories
             job.finished = max(job.finished or finished, finished)
             job.order[request.key] = (request.attempt, order, request.key.sample_index)
             if on_result is not None:
@@ -242,13 +256,14 @@ class RolloutPool:
         groups = []
         for i, task in enumerate(job.tasks):
             keys = sorted((SampleKey(i, j) for j in range(job.n)), key=job.order.__getitem__)
-            trajectories = tuple(job.done[k] for k in keys)
-            groups.append(TrajectoryGroup(trajectories[0].group_id, task_id(task), trajectories))
+            trajectories = tuple(t for k in keys for t in job.done[k])
+            groups.append(TrajectoryGroup(task_group_id(i, task), task_id(task), trajectories))
         return groups
 
     def update_weights(self, weights_ref: Any, version: int) -> None:
-        """Give every actor the weights behind ``weights_ref`` (an object ref of named tensors, passed
-        through Ray without the driver materialising them); kept for actors started later."""
+        """Give every actor the weights behind ``weights_ref`` (an object ref of named tensors, or with
+        several policies of every trained adapter, passed through Ray without the driver
+        materialising them); kept for actors started later, which therefore get the whole policy."""
         self._weights = (weights_ref, version)
         ray.get([a.update_weights.remote(weights_ref, version) for a in self.actors])
 

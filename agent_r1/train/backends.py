@@ -481,9 +481,7 @@ def local_rollout(
     of a policy with a model of its own (``own_models``: ``load_own_models``') to an engine over it
     (``own_engines``).
     """
-    from agent_r1.rollout.router import RoleRouter
     from agent_r1.train.builders import rollout_engine, rollout_flows
-    from agent_r1.train.policies import own_engines, server_engines
 
     flow, eval_flow = rollout_flows(
         config, tokenizer, flow=flow, eval_flow=eval_flow, make_env=make_env, with_eval=with_eval
@@ -496,13 +494,7 @@ def local_rollout(
             shares_model = rollout.share_model
             source = model if shares_model else engine_copy(model, config)
         engine = rollout_engine(config, tokenizer, source, device=None if model is not None else device)
-    routes = (
-        {**server_engines(config, tokenizer), **own_engines(config, tokenizer, own_models or {})}
-        if config.policies
-        else {}
-    )
-    if routes:  # the roles of a server's or an own model's policy go there, every other to the engine
-        engine = RoleRouter(engine, routes)
+    engine = routed_engine(config, tokenizer, engine, own_models)
     if background and model is not None and getattr(engine, "model", None) is model:
         raise ConfigError(
             "trainer.mode",
@@ -524,6 +516,19 @@ def local_rollout(
         sleeps=sleeps,
         background=background,
     )
+
+
+def routed_engine(config, tokenizer, engine, own_models=None):
+    """``engine``, or with several policies a ``RoleRouter`` that sends the roles of a server's policy
+    to the server (``server_engines``) and those of a policy with a model of its own to an engine
+    over it (``own_engines``; ``own_models``: ``load_own_models``'), every other role to ``engine``."""
+    if not config.policies:
+        return engine
+    from agent_r1.rollout.router import RoleRouter
+    from agent_r1.train.policies import own_engines, server_engines
+
+    routes = {**server_engines(config, tokenizer), **own_engines(config, tokenizer, own_models or {})}
+    return RoleRouter(engine, routes) if routes else engine
 
 
 def local_learner(config, tokenizer, model, device, *, data_parallel=None, own_models=None) -> LocalLearner:
@@ -607,7 +612,8 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
     trainer = replace(config.trainer, run_dir=str(Path(config.trainer.run_dir).resolve()))
     distill = replace(config.algorithm.distill, teacher=local(config.algorithm.distill.teacher))
     algorithm = replace(config.algorithm, distill=distill)
-    return replace(config, model=model, trainer=trainer, algorithm=algorithm)
+    policies = {name: replace(p, adapter=local(p.adapter)) for name, p in config.policies.items()}
+    return replace(config, model=model, trainer=trainer, algorithm=algorithm, policies=policies)
 
 
 def backend_config(config: TrainConfig, parts: BackendParts | None = None) -> TrainConfig:

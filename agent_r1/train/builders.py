@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -228,7 +228,8 @@ def _total_updates(config: TrainConfig) -> int:
 def policy_learner(config: TrainConfig, model, *, reference=None, sync=None, own_models=None) -> Learner:
     """The policy's ``Learner`` (AdamW, schedule) over ``model`` (built by ``load_policy``); with
     several policies (``config.policies``) a ``PolicyLearners``: one Learner per trained policy over
-    its adapter, with the policy's learning rate; a policy with a model of its own
+    its adapter, with the policy's learning rate and gradient sync (``sync``: one, or a mapping by
+    policy from ``policy_syncs``); a policy with a model of its own
     (``own_models``: ``agent_r1.train.policies.load_own_models``') over its adapter on that model."""
     if config.policies:
         from agent_r1.train.policies import PolicyLearners, adapter_parameters, trained_policies
@@ -242,7 +243,7 @@ def policy_learner(config: TrainConfig, model, *, reference=None, sync=None, own
                 replace(config.trainer, lr=config.policies[name].lr or config.trainer.lr),
                 temperature=config.rollout.temperature,
                 total_optimizer_steps=_total_updates(config),
-                sync=sync,
+                sync=sync.get(name) if isinstance(sync, Mapping) else sync,  # a learner group's: per policy
                 parameters=adapter_parameters(policy_model, name),
             )
         return PolicyLearners(learners, model)
@@ -335,6 +336,26 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None, 
     return engine
 
 
+def policy_syncs(config: TrainConfig, model, data_parallel: Callable[[Any, Callable[[], Any]], Any]):
+    """The data-parallel strategy of the policy on a rank of a learner group; with several policies
+    one per trained adapter, each made while its adapter alone is active (and so alone trainable), so
+    that each one's gradient sync covers exactly that adapter's parameters (DDP registers the
+    parameters that require a gradient when it wraps the model)."""
+
+    def replica():
+        return load_policy(config.model)
+
+    if not config.policies:
+        return data_parallel(model, replica)
+    from agent_r1.train.policies import active_adapter, adapter_policies
+
+    syncs = {}
+    for name in adapter_policies(config):
+        with active_adapter(model, name):
+            syncs[name] = data_parallel(model, replica)
+    return syncs
+
+
 def build_learners(
     config: TrainConfig,
     model,
@@ -350,7 +371,7 @@ def build_learners(
     ``data_parallel(model, replica)``: on a rank of a learner group, the ``GradientSync`` strategy
     that wraps a model (``replica()`` builds an unsharded copy of it); None in one process, where the
     critic is moved to ``device`` (the policy is already there)."""
-    sync = None if data_parallel is None else data_parallel(model, lambda: load_policy(config.model))
+    sync = None if data_parallel is None else policy_syncs(config, model, data_parallel)
     reference = load_reference(config, model, device)
     policy = policy_learner(config, model, reference=reference, sync=sync, own_models=own_models)
     if estimator_needs(config).critic is None:

@@ -773,8 +773,9 @@ def _check_policies(config: TrainConfig) -> None:
             "model.lora.rank",
             "each trained policy is a LoRA adapter on the shared base: set model.lora.rank (e.g. 8)",
         )
+    ray = config.distributed.backend != "none"
     unsupported = (
-        ("distributed.backend", config.distributed.backend != "none", "runs in one process for now"),
+        ("distributed.strategy", ray and config.distributed.strategy != "ddp", "need ddp (one per adapter)"),
         ("algorithm.advantage.name", _needs_critic(config), "has no critic per policy yet"),
     )
     for key, refused, why in unsupported:
@@ -814,6 +815,12 @@ def _check_own_model(config: TrainConfig, name: str, policy: PolicyConfig) -> No
     for other in ("adapter", "server"):
         if getattr(policy, other) is not None:
             raise ConfigError(f"{key}.{other}", f"a policy is a model of its own (path) or {other}, not both")
+    if config.distributed.backend != "none":
+        raise ConfigError(
+            "distributed.backend",
+            f"policy {name!r} has a model of its own (policies.{name}.path), which runs in one process "
+            "for now: set distributed.backend: none",
+        )
     if config.rollout.engine != "hf":
         raise ConfigError(
             "rollout.engine",

@@ -58,6 +58,7 @@ from agent_r1.types import TrajectoryGroup
 __all__ = [
     "AdapterLearner",
     "PolicyLearners",
+    "active_adapter",
     "adapter_folders",
     "adapter_of",
     "adapter_parameters",

@@ -126,11 +126,14 @@ def test_a_frozen_model_of_its_own_plays_and_never_moves(tiny_checkpoint, other_
 
 
 def test_eval_of_a_checkpoint_samples_each_policy_s_own_model(tiny_checkpoint, other_model, tmp_path, capsys):
-    """``agent-r1 eval --checkpoint`` loads the own model's trained adapter too: the same metrics as
-    evaluating the trained objects (one request at a time, so that both sample the same tokens)."""
+    """``agent-r1 eval --checkpoint`` loads the own model's trained adapter too: the checkpoint holds
+    the trained weights, and the command prints the metrics of evaluating the trained objects (one
+    request at a time, so that both sample the same tokens)."""
     from agent_r1.cli import main
+    from agent_r1.train.checkpoint import load_checkpoint
     from agent_r1.train.config import dump_config
     from agent_r1.train.evaluation import evaluate
+    from agent_r1.train.policies import load_own_models, policy_model
 
     val = tmp_path / "val.jsonl"
     val.write_text("".join(json.dumps(t) + "\n" for t in tasks(3)))
@@ -144,13 +147,16 @@ def test_eval_of_a_checkpoint_samples_each_policy_s_own_model(tiny_checkpoint, o
     trainer = Trainer(config, train_tasks=tasks(4))
     trainer.fit()
     own = trainer.learner.policy.own_models
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000003"
+    fresh = load_own_models(config)["high"]
+    untrained = _adapter(fresh, "high")
+    load_checkpoint(checkpoint, policy_model(config), own_models={"high": fresh})
+    trained, loaded = _adapter(own["high"], "high"), _adapter(fresh, "high")
+    assert all(torch.equal(loaded[n], value) for n, value in trained.items())
+    assert any(not torch.equal(untrained[n], value) for n, value in trained.items())  # it had moved
     expected = evaluate(config, tokenizer=trainer.tokenizer, model=trainer.model, own_models=own)
-    untrained = evaluate(config, tokenizer=trainer.tokenizer)  # every model from its path: no trained adapter
     path = tmp_path / "config.yaml"
     dump_config(config, path)
-    assert (
-        main(["eval", str(path), "--checkpoint", str(tmp_path / "run" / "checkpoints" / "step_000003")]) == 0
-    )
+    assert main(["eval", str(path), "--checkpoint", str(checkpoint)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed == expected and printed["eval/episodes"] == 3 * 2 * 2
-    assert printed["eval/reward"] != untrained.get("eval/reward")

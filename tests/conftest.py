@@ -1,6 +1,9 @@
-"""Shared test fixtures: the tiny local checkpoint (built once per session) and hypothesis settings."""
+"""Shared test fixtures: the tiny local checkpoint (built once per session), a local Ray cluster per
+module, and hypothesis settings."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,3 +30,18 @@ def tiny_tokenizer(tiny_checkpoint):
     from agent_r1.models.loading import load_tokenizer
 
     return load_tokenizer(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A local Ray cluster for one test module (2 CPUs, no dashboard), whose actors import this
+    folder's modules (custom envs such as ``trainer_envs``)."""
+    import ray
+
+    from agent_r1.distributed import actor_runtime_env
+
+    temp = tmp_path_factory.mktemp("r")
+    tests = str(Path(__file__).parent)
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp), runtime_env=actor_runtime_env([tests]))
+    yield
+    ray.shutdown()

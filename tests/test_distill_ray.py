@@ -5,27 +5,15 @@ trainer's reverse KL and losses on the same trajectories."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import ray
 from trainer_envs import tasks
 
-from agent_r1.distributed import actor_runtime_env
 from agent_r1.models.tiny import save_tiny_checkpoint
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.trainer import Trainer
 
 pytestmark = pytest.mark.ray
-TESTS = str(Path(__file__).parent)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    temp = tmp_path_factory.mktemp("r")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp), runtime_env=actor_runtime_env([TESTS]))
-    yield
-    ray.shutdown()
 
 
 def test_ray_learner_workers_score_with_the_teacher_like_one_process(

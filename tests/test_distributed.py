@@ -32,21 +32,12 @@ from update_parity import (
 )
 
 from agent_r1.cli import main
-from agent_r1.distributed import LearnerFailure, RolloutPool, actor_runtime_env
+from agent_r1.distributed import LearnerFailure, RolloutPool
 from agent_r1.distributed.rollout_actor import SampleKey
 from agent_r1.train.config import config_from_dict, dump_config
 from agent_r1.train.trainer import Trainer
 
 pytestmark = pytest.mark.ray
-TESTS = str(Path(__file__).parent)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    temp = tmp_path_factory.mktemp("r")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp), runtime_env=actor_runtime_env([TESTS]))
-    yield
-    ray.shutdown()
 
 
 def _config(tiny_checkpoint, run_dir, *, backend="ray", **sections):

@@ -13,47 +13,20 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 from safetensors.torch import load_file
-from test_multi_policy import tasks
+from test_multi_policy import _policies_config, tasks
 
-from agent_r1.distributed import actor_runtime_env
-from agent_r1.train.config import config_from_dict
 from agent_r1.train.trainer import Trainer
 
 pytestmark = pytest.mark.ray
-TESTS = str(Path(__file__).parent)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    temp = tmp_path_factory.mktemp("r")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp), runtime_env=actor_runtime_env([TESTS]))
-    yield
-    ray.shutdown()
 
 
 def _config(tiny_checkpoint, run_dir, backend: str):
-    return config_from_dict(
-        {
-            "model": {"path": str(tiny_checkpoint), "lora": {"rank": 4, "alpha": 8}},
-            "env": {"name": "trainer_envs:LowHighEnv"},
-            "rollout": {"n": 4, "max_tokens": 8, "max_steps": 2},
-            "trainer": {
-                "steps": 3,
-                "tasks_per_step": 2,
-                "lr": 1e-2,
-                "run_dir": str(run_dir),
-                "eval_every": 0,
-                "mini_batches": 1,
-                "micro_batch_tokens": 64,
-                "checkpoint_every": 3,
-                "torch_threads": 1,
-            },
-            "logging": {"progress": False, "tensorboard": False},
-            "policies": {"low": {}, "high": {}},
-            "distributed": {"backend": backend, "num_rollout_actors": 2, "num_learner_workers": 2},
-        }
+    return _policies_config(
+        tiny_checkpoint,
+        run_dir,
+        trainer={"steps": 3, "micro_batch_tokens": 64, "torch_threads": 1},
+        distributed={"backend": backend, "num_rollout_actors": 2, "num_learner_workers": 2},
     )
 
 

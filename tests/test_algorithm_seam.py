@@ -92,6 +92,7 @@ NON_DEFAULT = {
         "eps": 1e-3,
         "step_weight": 0.5,
         "whiten": True,
+        "baseline_decay": 0.5,
     },
     PolicyLossConfig: {
         "name": "gspo",

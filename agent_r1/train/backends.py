@@ -657,7 +657,7 @@ def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backe
             raise ConfigError("model.path", "no model given: set model.path (or pass model=)")
         model = policy_model(config).to(configured)  # an adapter per policy (agent_r1.train.policies)
     device = next(model.parameters()).device
-    own_models = load_own_models(config, device)  # the policies with a model of their own
+    own_models = load_own_models(config, device, tokenizer)  # the policies with a model of their own
     rollouts = local_rollout(
         config,
         tokenizer,

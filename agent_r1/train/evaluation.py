@@ -70,7 +70,7 @@ def evaluate(
         if model is None:
             model = policy_model(config)  # every policy's adapter on the base: each role its own
         if own_models is None:
-            own_models = load_own_models(config)
+            own_models = load_own_models(config, tokenizer=tokenizer)
         own_models = {name: m.to(device) for name, m in own_models.items()}
     if model is not None and engine is None:
         model = model.to(device)

@@ -341,10 +341,10 @@ def check_own_models(config: TrainConfig, tokenizer) -> None:
             )
 
 
-def load_own_models(config: TrainConfig, device=None) -> dict[str, Any]:
+def load_own_models(config: TrainConfig, device=None, tokenizer=None) -> dict[str, Any]:
     """Each policy with a model of its own, loaded (on ``device``): a trained one with a LoRA adapter
     of its name (``load_policy``, ``model.lora``'s settings), a frozen one as it is. Its tokenizer is
-    checked first (``check_own_models``)."""
+    checked first (``check_own_models``) against ``tokenizer`` (default: the run's, loaded)."""
     from agent_r1.models.loading import load_frozen_model
     from agent_r1.train.builders import load_config_tokenizer
     from agent_r1.train.learner import load_policy
@@ -352,7 +352,7 @@ def load_own_models(config: TrainConfig, device=None) -> dict[str, Any]:
     names = own_model_policies(config)
     if not names:
         return {}
-    check_own_models(config, load_config_tokenizer(config))
+    check_own_models(config, tokenizer if tokenizer is not None else load_config_tokenizer(config))
     models = {}
     for name in names:
         policy = config.policies[name]
@@ -491,7 +491,8 @@ class PolicyLearners:
         engine that holds none yet (vLLM) gets them all first."""
 
         def changed() -> dict[str, LoraWeights]:
-            names = [name for name in self.learners if name in self.updated and name not in self.own_models]
+            own = self.own_models  # built once, not once per name
+            names = [name for name in self.learners if name in self.updated and name not in own]
             self.updated.clear()
             return export_adapters(self.model, names)
 

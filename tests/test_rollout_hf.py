@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from agent_r1.models.tiny import save_tiny_checkpoint
 from agent_r1.rollout import Engine, HFEngine, kv_cache
-from agent_r1.rollout.hf_scheduler import padding_chunks
+from agent_r1.rollout.hf_scheduler import _within_slots, padding_chunks
 from agent_r1.rollout.sampling import sample_next_tokens
 from agent_r1.types import Completion, SamplingParams, StopReason
 
@@ -247,6 +247,17 @@ def test_padding_chunks_is_the_cheapest_split(lengths, overhead):
     assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
     assert cost(chunks) == min(cost(p) for p in _partitions(list(range(len(lengths)))))
     assert padding_chunks(lengths, None) == [sorted(range(len(lengths)), key=lambda i: lengths[i])]
+
+
+def test_prefill_runs_cut_to_the_slot_budget():
+    """A chunk's rows (sorted by length) go to runs of at most ``slots`` padded token slots, in order,
+    each row once; a row longer than the budget runs alone; None keeps the chunk whole."""
+    lengths = [260, 261, 262, 263, 5000, 10]
+    chunk = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    runs = _within_slots(chunk, lengths, 600)
+    assert runs == [[5, 0], [1, 2], [3], [4]]
+    assert all(len(r) == 1 or len(r) * max(lengths[i] for i in r) <= 600 for r in runs)
+    assert _within_slots(chunk, lengths, None) == [chunk]
 
 
 def test_rows_joining_and_leaving_at_random_keep_exact_logprobs(model):
@@ -514,6 +525,26 @@ def test_seeded_draws_follow_the_truncated_distribution():
         logits_V.expand(50, -1), params[:50], [torch.Generator().manual_seed(k) for k in shuffled]
     )
     assert alone.tolist() == [tokens_B[k].item() for k in shuffled]
+
+
+def test_unseeded_draws_follow_the_distribution_and_torch_seed():
+    """Unseeded rows are drawn by the same inverse CDF with uniforms from torch's default generator
+    (one call for all of them, not an exponential per vocabulary entry): their frequencies over 20,000
+    rows match the softmax within 5 binomial standard deviations, and ``torch.manual_seed`` replays
+    them."""
+    logits_V = torch.tensor([2.0, 0.5, -1.0, 1.0, -3.0, 0.0])
+    n = 20_000
+    params = [SamplingParams(temperature=1.0)] * n
+    torch.manual_seed(3)
+    tokens_B, logprobs_B = sample_next_tokens(logits_V.expand(n, -1), params, [None] * n)
+    torch.manual_seed(3)
+    again_B, _ = sample_next_tokens(logits_V.expand(n, -1), params, [None] * n)
+    assert torch.equal(tokens_B, again_B)
+    expected_V = logits_V.softmax(-1)
+    counts_V = torch.bincount(tokens_B, minlength=6).double()
+    sd_V = (n * expected_V * (1 - expected_V)).double().sqrt()
+    assert ((counts_V - n * expected_V).abs() <= 5 * sd_V).all(), (counts_V, n * expected_V)
+    torch.testing.assert_close(logprobs_B, logits_V.log_softmax(-1)[tokens_B])
 
 
 EXIT_WHILE_DECODING = textwrap.dedent(

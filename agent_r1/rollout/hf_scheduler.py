@@ -45,6 +45,11 @@ __all__ = ["Request", "Scheduler", "padding_chunks"]
 # A forward's fixed cost on CPU, in prompt tokens: a 1-row prefill of 29 tokens took ~4 ms of the tiny
 # model's time against ~0.09 ms per padded token slot in a 10-row one (the quickstart's rollout).
 _CPU_FORWARD_OVERHEAD_TOKENS = 64
+# The most token slots one prefill forward runs on CPU; more rows go to further forwards. Past this, a
+# forward's activations (each (slots, intermediate) fp32) outgrow the caches and every element-wise
+# op streams them from memory: SmolLM2's prefill of 64 prompts of ~260 tokens took 26.2 s in one
+# forward, 21.3 s in forwards of at most 4096 slots (unchanged at 32 prompts).
+_CPU_PREFILL_SLOTS = 4096
 
 
 @dataclass(eq=False)
@@ -99,6 +104,20 @@ def padding_chunks(lengths: Sequence[int], overhead: int | None) -> list[list[in
         chunks.append(order[cut[j] : j])
         j = cut[j]
     return chunks[::-1]
+
+
+def _within_slots(chunk: list[int], lengths: Sequence[int], slots: int | None) -> list[list[int]]:
+    """``chunk`` (rows sorted by length, as ``padding_chunks`` gives them) cut into runs whose forward
+    pads at most ``slots`` token slots (rows x the run's longest; a row longer than that runs alone);
+    None: the whole chunk."""
+    if slots is None:
+        return [chunk]
+    runs: list[list[int]] = [[]]
+    for i in chunk:
+        if runs[-1] and (len(runs[-1]) + 1) * lengths[i] > slots:
+            runs.append([])
+        runs[-1].append(i)
+    return runs
 
 
 def _padded_kv(kv, reused, layer_index: int, j: int, length: int) -> torch.Tensor:
@@ -247,8 +266,10 @@ class Scheduler:
             for p, key in zip(prompts, stored, strict=True)
         ]
         overhead = _CPU_FORWARD_OVERHEAD_TOKENS if self.device.type == "cpu" else None
+        slots = _CPU_PREFILL_SLOTS if self.device.type == "cpu" else None
         for chunk in padding_chunks(suffix_lengths, overhead):
-            self._prefill_rows([prompts[i] for i in chunk], [stored[i] for i in chunk], by_prompt)
+            for rows in _within_slots(chunk, suffix_lengths, slots):
+                self._prefill_rows([prompts[i] for i in rows], [stored[i] for i in rows], by_prompt)
 
     def _prefill_rows(self, prompts, stored, by_prompt: dict[PromptKey, list[Request]]) -> None:
         """One forward over distinct ``prompts`` (each reusing the claimed stored sequence ``stored[i]``

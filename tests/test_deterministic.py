@@ -298,7 +298,7 @@ print("branch", process._torch_mkl().mkl_serv_cbwr_get(-1), torch.are_determinis
 @pytest.mark.parametrize("matmul_first", [False, True])
 def test_deterministic_settings_put_mkl_in_its_reproducible_mode_or_say_it_is_too_late(matmul_first):
     """torch's CPU wheel runs its float32 matmuls in MKL: in a fresh process MKL's branch becomes
-    COMPATIBLE (3) instead of off (1); after MKL ran, the error asks for MKL_CBWR in the environment."""
+    AUTO (2) instead of off (1); after MKL ran, the error asks for MKL_CBWR in the environment."""
     environment = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
     out = subprocess.run(
         [sys.executable, "-c", _MKL_PROBE.format(matmul_first=matmul_first)],
@@ -309,10 +309,10 @@ def test_deterministic_settings_put_mkl_in_its_reproducible_mode_or_say_it_is_to
         check=True,
     ).stdout
     if matmul_first:
-        assert "refused: trainer.deterministic: MKL already ran" in out and "MKL_CBWR=COMPATIBLE" in out
+        assert "refused: trainer.deterministic: MKL already ran" in out and "MKL_CBWR=AUTO" in out
         assert "branch 1 " in out
     else:
-        assert "refused" not in out and "branch 3 True" in out
+        assert "refused" not in out and "branch 2 True" in out
 
 
 @pytest.mark.slow

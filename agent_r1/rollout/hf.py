@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import re
 import threading
 import weakref
@@ -32,12 +33,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agent_r1.rollout import cascade
 from agent_r1.rollout.base import LoraWeights, NamedTensors
+from agent_r1.rollout.batch_invariant import matmuls_invariant, refuse_unless_invariant
 from agent_r1.rollout.hf_scheduler import Request, Scheduler
 from agent_r1.rollout.prefix_store import BASE_ADAPTER
 from agent_r1.rollout.prompt_checks import refuse_prompt, refuse_role
 from agent_r1.types import Completion, SamplingParams, StopReason
 
 __all__ = ["HFEngine"]
+
+log = logging.getLogger(__name__)
 
 _IDLE_EXIT_S = 1.0  # the scheduler thread ends after this long without work (no thread outlives use)
 _SERVING: weakref.WeakSet[HFEngine] = weakref.WeakSet()  # engines whose scheduler thread may be running
@@ -87,6 +91,23 @@ def _role_adapters(model: PreTrainedModel, roles: dict[str, str | None]) -> dict
     return adapters
 
 
+def _refuse_variant_settings(
+    device: torch.device, plain_sdpa: bool, cascade_attention: bool | None, prefix_cache_entries: int | None
+) -> None:
+    """Raise unless ``HFEngine(batch_invariant=True)`` can hold its promise with these settings."""
+    refuse_unless_invariant(device)
+    if not plain_sdpa:
+        raise ValueError(
+            "HFEngine(batch_invariant=True) attends row by row through the sdpa route: the model needs "
+            "attn_implementation='sdpa' and plain softmax attention in every layer"
+        )
+    if cascade_attention or prefix_cache_entries:
+        raise ValueError(
+            "HFEngine(batch_invariant=True) shares no prompt and reuses no stored turn (either depends on what "
+            "else arrived): leave cascade_attention and prefix_cache_entries unset"
+        )
+
+
 def _resolve(future: asyncio.Future, completion: Completion) -> None:
     if not future.done():
         future.set_result(completion)
@@ -118,6 +139,11 @@ class HFEngine:
     as it is, and ``SamplingParams.role`` is ignored (one policy). ``prompt_logprobs`` always scores
     with the model as it is (its active adapter).
 
+    ``batch_invariant``: every request's tokens and log-probs are bitwise the same whichever requests
+    share its batch (``agent_r1.rollout.batch_invariant``; the deterministic mode's engine): rows still
+    decode together, each prompt is prefilled alone, and there is no prefix reuse or shared-prompt
+    attention. CPU at one torch thread, ``sdpa`` models with plain attention only (else ValueError).
+
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the
     rest of the time it waits for requests or for a weight update (a few clock reads per scheduler
@@ -137,6 +163,7 @@ class HFEngine:
         prefix_cache_entries: int | None = None,
         cascade_attention: bool | None = None,
         roles: Mapping[str, str | None] | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
@@ -155,8 +182,18 @@ class HFEngine:
         )
         self.weight_version: int | None = None
         attn_implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
-        self.prefix_cache_entries = max_batch_size if prefix_cache_entries is None else prefix_cache_entries
         can_share = attn_implementation == "sdpa" and cascade.plain_attention(model.config)
+        self.batch_invariant = batch_invariant
+        if batch_invariant:
+            _refuse_variant_settings(self.device, can_share, cascade_attention, prefix_cache_entries)
+            cascade_attention, prefix_cache_entries = False, 0
+            if not matmuls_invariant(self.model, max_batch_size):
+                log.warning(
+                    "HFEngine(batch_invariant=True): this CPU's matmul kernels round a row differently at "
+                    "different batch sizes; decoding one request at a time instead (exact, and slower)"
+                )
+                self.max_batch_size = max_batch_size = 1
+        self.prefix_cache_entries = max_batch_size if prefix_cache_entries is None else prefix_cache_entries
         if cascade_attention and not can_share:
             raise ValueError(
                 f"HFEngine: cascade_attention needs sdpa attention with plain softmax in every layer; this model "
@@ -178,6 +215,7 @@ class HFEngine:
             cascade_attention=self.cascade_attention,
             attn_implementation=attn_implementation,
             finish=self._finish,
+            batch_invariant=batch_invariant,
         )
         self._waiting: list[Request] = []
         self._wakeup = threading.Condition()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from agent_r1.rollout import batch_invariant as invariant
 from agent_r1.rollout import cascade
 from agent_r1.rollout.kv_cache import DecodeBatch, new_cache
 from agent_r1.rollout.prefix_store import BASE_ADAPTER, PrefixStore, PromptKey, StoredPrefix
@@ -137,7 +138,8 @@ class Scheduler:
     """The decode batch of one model and the steps that admit, decode and retire its rows.
 
     Every argument is ``HFEngine``'s setting of the same name (``attn_implementation``: the model's
-    attention kernel; ``finish``: the engine's hand-back to callers). ``prefix_hits`` counts prompts
+    attention kernel; ``finish``: the engine's hand-back to callers; ``batch_invariant``: decode as
+    ``agent_r1.rollout.batch_invariant`` says, every row's result independent of its batch). ``prefix_hits`` counts prompts
     that reused a stored sequence's KV; ``shared_prefills`` counts prompts that joined together with
     an identical one and were prefilled once for both. Not thread-safe: the engine calls ``step``
     from its scheduler thread only, holding its model lock.
@@ -155,6 +157,7 @@ class Scheduler:
         cascade_attention: bool,
         attn_implementation: str,
         finish: Finish,
+        batch_invariant: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -173,7 +176,10 @@ class Scheduler:
         self.shared_prefills = 0
         # (adapter, token ids fed so far: prompt + response[:-1]) -> their block and own KV
         self._prefixes = PrefixStore(prefix_cache_entries, model)
-        self._batch = DecodeBatch(max_batch_size)
+        self.batch_invariant = batch_invariant
+        if batch_invariant:
+            invariant.install()
+        self._batch = DecodeBatch(max_batch_size, invariant.padded_rows if batch_invariant else None)
 
     @property
     def requests(self) -> list[Request]:
@@ -202,9 +208,12 @@ class Scheduler:
         # (sampling reads the tokens back: on an accelerator the work is done by now)
         return prefilled - start, time.perf_counter() - prefilled
 
-    def _forward(self, input_ids_BS, mask_BT, position_ids_BS, cache, plan=None, adapters=()) -> torch.Tensor:
+    def _forward(
+        self, input_ids_BS, mask_BT, position_ids_BS, cache, plan=None, adapters=(), rowwise=None
+    ) -> torch.Tensor:
         """The next-token logits (B, V) of every row; row ``i`` runs adapter ``adapters[i]`` (None:
-        a finished row, or an engine that runs the model as it is; no adapters: all run it as it is)."""
+        a finished row, or an engine that runs the model as it is; no adapters: all run it as it is).
+        ``plan``: a ``cascade.CascadePlan``; ``rowwise``: a ``batch_invariant.RowSpans``."""
         out = self.model(
             input_ids=input_ids_BS,
             attention_mask=self._attention_mask(mask_BT, input_ids_BS.shape[1]),
@@ -213,6 +222,7 @@ class Scheduler:
             logits_to_keep=1,
             **{self._cache_kwarg: cache},
             **({} if plan is None else {"cascade": plan}),
+            **({} if rowwise is None else {"rowwise": rowwise}),
             **self._adapter_names(adapters),
         )
         return out.logits[:, -1, :]  # (B, V)
@@ -267,7 +277,10 @@ class Scheduler:
         ]
         overhead = _CPU_FORWARD_OVERHEAD_TOKENS if self.device.type == "cpu" else None
         slots = _CPU_PREFILL_SLOTS if self.device.type == "cpu" else None
-        for chunk in padding_chunks(suffix_lengths, overhead):
+        chunks = padding_chunks(suffix_lengths, overhead)
+        if self.batch_invariant:  # each prompt alone: unpadded, a function of its own tokens
+            chunks = [[i] for i in range(len(prompts))]
+        for chunk in chunks:
             for rows in _within_slots(chunk, suffix_lengths, slots):
                 self._prefill_rows([prompts[i] for i in rows], [stored[i] for i in rows], by_prompt)
 
@@ -364,9 +377,15 @@ class Scheduler:
         if self.cascade_attention:
             blocks, window = batch.block_plan(self._stacks, self.model.dtype), batch.window()
             plan = None if blocks is None and window is None else cascade.CascadePlan(blocks, window)
+        rowwise = None
+        if self.batch_invariant:
+            spans = batch.mask_BT.sum(dim=1).tolist()
+            rowwise = invariant.RowSpans(
+                [0 if r is None else n for r, n in zip(batch.rows, spans, strict=True)]
+            )
         adapters = [r.adapter if r else None for r in batch.rows]
         logits_BV = self._forward(
-            ids_B1, batch.mask_BT, position_ids_B1, batch.cache, plan, adapters=adapters
+            ids_B1, batch.mask_BT, position_ids_B1, batch.cache, plan, adapters=adapters, rowwise=rowwise
         )
         live = batch.live_rows
         self._append_samples([batch.rows[i] for i in live], logits_BV[live])

@@ -13,6 +13,7 @@ Deviation from vLLM: no paged attention; the batch cache is re-laid when rows jo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -89,6 +90,13 @@ class GrowingLayer(DynamicLayer):
         """Whether ``put_rows`` can add ``rows`` rows of ``length`` positions in place."""
         return self._rows + rows <= self._key_buffer.shape[0] and length <= self._end
 
+    def pad_rows(self, rows: int) -> None:
+        """Widen the view to ``rows`` rows (within the buffer), the new ones all zeros (idle rows)."""
+        self._key_buffer[self._rows : rows, :, self._start : self._end] = 0
+        self._value_buffer[self._rows : rows, :, self._start : self._end] = 0
+        self._rows = max(self._rows, rows)
+        self._view()
+
     def put_rows(self, slots: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write rows (n, H, L, D) into row ``slots`` (finished rows', or the next new ones), right-aligned
         to the current end, widening the view to the left when ``L`` exceeds its width (the other rows'
@@ -122,6 +130,10 @@ class DecodeBatch:
     retirement. (Multi-turn trajectories rejoin once per turn: filling finished rows' slots, their
     turns no longer run the buffers out of rows, which re-laid the whole cache.)
 
+    ``padded_rows`` (batch-invariant decoding, ``agent_r1.rollout.batch_invariant``): the row count
+    the batch is padded to with idle rows (None, all-zero KV and mask) after every change, given its
+    rows; the capacity is padded the same way.
+
     The buffers always hold ``capacity`` rows (the engine's ``max_batch_size``): joining rows fill
     finished rows' slots before new ones, so the batch never has more rows than that, and a row that
     joins never re-lays the cache for want of one. (Sized to twice the live rows, the buffers ran out
@@ -129,8 +141,9 @@ class DecodeBatch:
     copies every live row's KV.)
     """
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int, padded_rows: Callable[[int], int] | None = None) -> None:
+        self.padded_rows = padded_rows
+        self.capacity = capacity if padded_rows is None else padded_rows(capacity)
         self.clear()
 
     def clear(self) -> None:
@@ -176,6 +189,7 @@ class DecodeBatch:
             for layer in cache.layers:  # room for joining rows, longer ones included, written in place
                 layer.reserve(self.capacity, left=mask_BT.shape[1])
             self.rows, self.cache, self.mask_BT, self.blocks = list(requests), cache, mask_BT, list(blocks)
+            self._pad_rows()
             return
         rows, length = mask_BT.shape
         free = [i for i, r in enumerate(self.rows) if r is None][:rows]
@@ -191,6 +205,7 @@ class DecodeBatch:
             self.blocks += [None] * (rows - len(free))
             for slot, request, block in zip(slots, requests, blocks, strict=True):
                 self.rows[slot], self.blocks[slot] = request, block
+            self._pad_rows()
             return
         live = self.live_rows
         index = torch.tensor(live, device=self.mask_BT.device)
@@ -213,6 +228,7 @@ class DecodeBatch:
         )
         self.rows = [self.rows[i] for i in live] + list(requests)
         self.blocks = [self.blocks[i] for i in live] + list(blocks)
+        self._pad_rows()
 
     def retire(self, rows: list[int]) -> None:
         """Mark ``rows`` finished; compact the cache once finished rows are half of it or more."""
@@ -236,6 +252,17 @@ class DecodeBatch:
                 )
             self.rows = [self.rows[i] for i in live]
             self.blocks = [self.blocks[i] for i in live]
+            self._pad_rows()
+
+    def _pad_rows(self) -> None:
+        """Idle rows up to ``padded_rows``."""
+        missing = 0 if self.padded_rows is None else self.padded_rows(len(self.rows)) - len(self.rows)
+        if missing:
+            for layer in self.cache.layers:
+                layer.pad_rows(len(self.rows) + missing)
+            self.mask_BT = torch.cat([self.mask_BT, self.mask_BT.new_zeros(missing, self.mask_BT.shape[1])])
+            self.rows += [None] * missing
+            self.blocks += [None] * missing
 
     def own_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Row ``row``'s own keys and values per layer, each (H, T, D) without the padding (copies)."""

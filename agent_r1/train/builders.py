@@ -296,6 +296,19 @@ def rollout_flows(
     return flow, eval_flow
 
 
+def _deterministic_engine(source, device) -> dict:
+    """The HF engine's settings under ``trainer.deterministic``, so that each response is computed from
+    its own tokens alone, whichever requests happen to be live at once (docs/training.md, Determinism):
+    batch-invariant decoding on the CPU at one torch thread (``agent_r1.rollout.batch_invariant``),
+    else one request at a time; never a stored prefix."""
+    placed = (
+        next(source.parameters()).device if hasattr(source, "parameters") else torch.device(device or "cpu")
+    )
+    if placed.type == "cpu" and torch.get_num_threads() == 1:
+        return {"batch_invariant": True, "prefix_cache_entries": 0}
+    return {"max_batch_size": 1, "prefix_cache_entries": 0}
+
+
 def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None, roles=None):
     """The configured engine (``rollout.engine`` with ``rollout.engine_kwargs``) over ``source``: a
     loaded model (the HF engine), or by default the weights at ``model.path``, loaded frozen (on
@@ -307,9 +320,7 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None, 
     rollout = config.rollout
     kwargs = {"max_batch_size": rollout.max_batch_size, **rollout.engine_kwargs}
     if config.trainer.deterministic and rollout.engine == "hf":
-        # One request at a time, never a stored prefix: each response is then computed from its own
-        # tokens alone, whichever requests happen to be live at once (docs/training.md, Determinism).
-        kwargs.update(max_batch_size=1, prefix_cache_entries=0)
+        kwargs.update(_deterministic_engine(source, device))
     if config.policies:
         from agent_r1.train.policies import engine_roles, max_adapter_rank
 

@@ -17,7 +17,10 @@ a library. The cost: the resident set stays at its peak instead of shrinking bet
 matrix products (``nn.Linear``, ``addmm``, ``bmm``) in MKL's ``sgemm``, which picks its kernel by CPU
 and by the alignment of its operands; the alignment of a fresh buffer differs between processes, so
 two processes can round the same product differently in the last bit. MKL's conditional numerical
-reproducibility (``MKL_CBWR``, read once, when MKL first runs) fixes the code path. It is set here
+reproducibility (``MKL_CBWR``, read once, when MKL first runs) fixes the code path. The default, AUTO,
+fixes the path MKL picks for this CPU (run to run on the same machine, what the mode promises);
+COMPATIBLE, the path every x86 CPU can run (the same bits on other CPUs too), ran a float32 sgemm
+4x slower here at one thread (36 against 146 GFLOP/s, 2048x576x1536). It is set here
 through MKL's own ``mkl_cbwr_set`` (exported by ``libtorch_cpu``), which refuses once MKL has run: that
 is then an error telling to set ``MKL_CBWR`` in the environment. ``tests/test_deterministic.py``
 shows that without it two processes differ and with it they agree to the bit.
@@ -75,7 +78,7 @@ def retain_freed_memory() -> bool:
 _MKL_CBWR_ALL, _MKL_CBWR_BRANCH_OFF = -1, 1
 _MKL_CBWR_BRANCHES = {"AUTO": 2, "COMPATIBLE": 3, "SSE2": 4, "SSE4_2": 8, "AVX": 9, "AVX2": 10, "AVX512": 14}
 _MKL_CBWR_STRICT = 0x10000
-DEFAULT_MKL_CBWR = "COMPATIBLE"
+DEFAULT_MKL_CBWR = "AUTO"  # CNR on this CPU's own kernels: COMPATIBLE's ran sgemm 4x slower
 
 
 def _mkl_cbwr_code(value: str) -> int:
@@ -105,7 +108,7 @@ def _torch_mkl():
 
 def deterministic_settings() -> None:
     """Reproducible kernels in this process (``trainer.deterministic``): MKL's reproducible mode
-    (``MKL_CBWR``, COMPATIBLE unless the environment names another), ``torch.use_deterministic_algorithms``
+    (``MKL_CBWR``, AUTO unless the environment names another), ``torch.use_deterministic_algorithms``
     and, on CUDA, cuBLAS's fixed workspace without cuDNN benchmarking. ``MKL_CBWR`` and
     ``CUBLAS_WORKSPACE_CONFIG`` are also left in ``os.environ`` for the processes this one starts (Ray's
     workers). Raises ``RuntimeError`` when MKL already ran in this process without ``MKL_CBWR``."""
@@ -119,7 +122,7 @@ def deterministic_settings() -> None:
             raise RuntimeError(
                 "trainer.deterministic: MKL already ran in this process without MKL_CBWR, so its "
                 f"reproducible mode can no longer be set; start the process with MKL_CBWR={os.environ['MKL_CBWR']} "
-                "in its environment (e.g. MKL_CBWR=COMPATIBLE python train.py)"
+                "in its environment (e.g. MKL_CBWR=AUTO python train.py)"
             )
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True

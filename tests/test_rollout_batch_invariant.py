@@ -1,0 +1,107 @@
+"""Issue 51 item 2: ``HFEngine(batch_invariant=True)`` (the deterministic mode's engine) decodes rows
+together, and a seeded request's tokens and log-probs are still bitwise the same whichever requests
+share its batch.
+
+Each check runs in a subprocess that sets MKL's reproducible mode and one torch thread before MKL
+first runs, as ``trainer.deterministic`` does (``agent_r1.train.process.deterministic_settings``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from agent_r1.models.tiny import build_tiny_model
+from agent_r1.rollout import HFEngine
+from agent_r1.rollout.batch_invariant import matmuls_invariant
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from agent_r1.train.process import deterministic_settings
+    deterministic_settings()
+    import torch
+    torch.set_num_threads(1)
+    from agent_r1.models.tiny import build_tiny_model
+    from agent_r1.rollout import HFEngine
+    from agent_r1.types import SamplingParams
+
+    invariant = sys.argv[1] == "invariant"
+    model = build_tiny_model(300, hidden_size=int(sys.argv[2]), intermediate_size=3 * int(sys.argv[2]), seed=0)
+    engine = HFEngine(model, eos_token_ids=(), max_batch_size=20, batch_invariant=invariant)
+    target = [5 + (7 * i) % 250 for i in range(37)]
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=11)
+
+    async def other(k):
+        await asyncio.sleep(0.002 * (k % 5))  # some join mid-way, at other widths
+        prompt = [3 + (13 * k + 5 * i) % 280 for i in range(3 + 17 * k % 90)]
+        await engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=2 + 5 * k % 30, seed=k))
+
+    async def run(others):
+        done = await asyncio.gather(engine.generate(target, params), *(other(k) for k in range(others)))
+        return list(done[0].token_ids), [float(x).hex() for x in done[0].logprobs]
+
+    assert engine.max_batch_size == 20  # the probe found this CPU's kernels invariant: no fallback
+    print(json.dumps([asyncio.run(run(n)) for n in (0, 1, 6, 15, 19)]))
+    """
+)
+
+
+def _runs(mode: str, hidden: int) -> list:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode, str(hidden)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("hidden", [128, 576])  # the tiny model's width, and SmolLM2's
+def test_a_seeded_request_is_bitwise_the_same_alone_and_among_others(hidden):
+    """The target request alone, then with 1, 6, 15 and 19 others (of other lengths, joining at other
+    times, finishing at other steps: rows join, leave and are compacted): the same tokens and the same
+    log-probs to the bit. The plain batched engine, given the same requests, does not manage it (its
+    log-probs differ somewhere): the check can tell."""
+    runs = _runs("invariant", hidden)
+    assert all(run == runs[0] for run in runs[1:]), [
+        (i, sum(a != b for a, b in zip(run[1], runs[0][1], strict=True))) for i, run in enumerate(runs)
+    ]
+    plain = _runs("plain", hidden)
+    assert any(run[1] != plain[0][1] for run in plain[1:])
+
+
+def test_the_probe_tells_kernels_that_round_a_row_by_batch_size():
+    """At two threads MKL splits a (rows x 576) x (576 x 1536) product by its row count, and a row's
+    bits change with it (measured: up to 57 rows): the engine's start-up probe says so, and the engine
+    would then decode one request at a time. At one thread it finds SmolLM2's shapes invariant (the
+    subprocess of the test above, which would fail on a fallback)."""
+    layer = torch.nn.Sequential(torch.nn.Linear(576, 1536), torch.nn.Linear(1536, 576))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert not matmuls_invariant(layer, 64)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_batch_invariant_refuses_what_it_cannot_keep():
+    """More than one torch thread, shared-prompt attention or a prefix store: a ValueError naming it."""
+    model = build_tiny_model(300, seed=0)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match="one torch thread"):
+            HFEngine(model, batch_invariant=True)
+        torch.set_num_threads(1)
+        for setting in ({"cascade_attention": True}, {"prefix_cache_entries": 4}):
+            with pytest.raises(ValueError, match="leave cascade_attention and prefix_cache_entries unset"):
+                HFEngine(model, batch_invariant=True, **setting)
+    finally:
+        torch.set_num_threads(threads)

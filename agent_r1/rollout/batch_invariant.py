@@ -19,11 +19,7 @@ reproducible mode at one thread, as ``trainer.deterministic`` runs:
 
 So, in this mode (``Scheduler(batch_invariant=True)``):
 
-- the distinct prompts are prefilled packed, one after another in one row (no padding), each
-  attending causally to its own tokens alone (``Segments``), the row padded to at least ``MIN_ROWS``
-  tokens and the LM head run on at least ``MIN_ROWS`` positions: every token's result is a function
-  of its own prompt. (Prefilling each prompt in a forward of its own cost ~4 ms a forward on the
-  tiny model: 2-3 s of a quickstart step's 512 prompts);
+- each distinct prompt is prefilled in a forward of its own (no padding: a function of its tokens);
 - the decode batch is padded with idle rows to at least ``MIN_ROWS`` and a multiple of
   ``ROW_MULTIPLE`` (``DecodeBatch``), a row count whose rows are invariant under both modes; the
   engine checks this for its model's matmul shapes when it starts (``matmuls_invariant``), since
@@ -51,7 +47,6 @@ __all__ = [
     "MIN_ROWS",
     "ROW_MULTIPLE",
     "RowSpans",
-    "Segments",
     "install",
     "matmuls_invariant",
     "padded_rows",
@@ -98,14 +93,6 @@ class RowSpans:
     spans: Sequence[int]
 
 
-@dataclass(frozen=True)
-class Segments:
-    """A packed prefill's single row: ``lengths[i]`` tokens of prompt ``i``, one prompt after another,
-    each attending causally to its own tokens alone."""
-
-    lengths: Sequence[int]
-
-
 def rowwise_attention(
     module: torch.nn.Module,
     query: Tensor,
@@ -115,19 +102,15 @@ def rowwise_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     *,
-    rowwise: RowSpans | Segments,
+    rowwise: RowSpans,
     **kwargs,
 ) -> tuple[Tensor, None]:
-    """Hugging Face's attention-function contract, ``query`` (B, H, S, D), ``key`` / ``value`` (B, KV,
-    T, D) -> (B, S, H, D), each problem over its own keys alone so that its output is the same
-    whatever else is in the forward: a decode step (``RowSpans``, S = 1) attends each row's query to
-    its own keys (an idle row's output is zeros); a packed prefill (``Segments``, B = 1) each prompt's
-    queries causally to its own keys."""
+    """Hugging Face's attention-function contract for a decode step (``query`` (B, H, 1, D); ``key``
+    / ``value`` (B, KV, T, D)): each row's query against its own keys alone, so that its output is the
+    same whatever the batch's width -> (B, 1, H, D); an idle row's output is zeros."""
     refuse_unplain("batch-invariant decoding", kwargs, "trainer.deterministic: false")
     if dropout:
         raise ValueError("batch-invariant decoding runs without dropout (the engine's model is in eval mode)")
-    if isinstance(rowwise, Segments):
-        return _segment_attention(query, key, value, rowwise.lengths, scaling), None
     batch, heads, queries, dim = query.shape
     if queries != 1:
         raise ValueError(f"batch-invariant attention is for decode steps (one query per row), got {queries}")
@@ -144,51 +127,6 @@ def rowwise_attention(
                 enable_gqa=True,
             )[0].transpose(0, 1)
     return out, None
-
-
-def _segment_attention(query: Tensor, key: Tensor, value: Tensor, lengths, scaling) -> Tensor:
-    _, heads, tokens, dim = query.shape
-    out = query.new_empty(1, tokens, heads, dim)
-    start = 0
-    for length in lengths:
-        own = slice(start, start + length)
-        out[0, own] = torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, own], key[:, :, own], value[:, :, own], is_causal=True, scale=scaling, enable_gqa=True
-        )[0].transpose(0, 1)
-        start += length
-    return out
-
-
-def packed_prefill(model, prompts: Sequence[Sequence[int]], cache_kwarg: str, new_cache, adapter_kwargs):
-    """Prefill ``prompts`` packed in one row (``Segments``), padded to ``padded_rows`` tokens; return
-    the next-token logits of each prompt's last position (P, V) and each prompt's own keys and values
-    per layer, each (KV, L, D)."""
-    lengths = [len(p) for p in prompts]
-    total = sum(lengths)
-    width = padded_rows(total)
-    spans = lengths + ([width - total] if width > total else [])  # the padding: a prompt of its own
-    ids = [t for p in prompts for t in p] + [0] * (width - total)
-    positions = [i for n in spans for i in range(n)]
-    ends = torch.tensor(lengths).cumsum(0) - 1
-    keep = torch.cat([ends, ends[:1].expand(padded_rows(len(prompts)) - len(prompts))])  # >= MIN_ROWS rows
-    device = next(model.parameters()).device
-    cache = new_cache
-    out = model(
-        input_ids=torch.tensor([ids], device=device),
-        attention_mask=torch.ones(1, width, dtype=torch.long, device=device),  # no packed-mask detection
-        position_ids=torch.tensor([positions], device=device),
-        use_cache=True,
-        logits_to_keep=keep.to(device),
-        rowwise=Segments(spans),
-        **{cache_kwarg: cache},
-        **adapter_kwargs,
-    )
-    starts = (ends + 1 - torch.tensor(lengths)).tolist()
-    kv = [
-        [(layer.keys[0, :, s : s + n], layer.values[0, :, s : s + n]) for layer in cache.layers]
-        for s, n in zip(starts, lengths, strict=True)
-    ]
-    return out.logits[0, : len(prompts)], kv
 
 
 def install() -> None:

@@ -270,9 +270,6 @@ class Scheduler:
             by_prompt.setdefault(request.prompt_key, []).append(request)
         self.shared_prefills += len(requests) - len(by_prompt)
         prompts = list(by_prompt)
-        if self.batch_invariant:
-            self._prefill_packed(prompts, by_prompt)
-            return
         stored = self._prefixes.claim(prompts)
         suffix_lengths = [
             len(p.token_ids) - (0 if key is None else len(key.token_ids))
@@ -280,48 +277,12 @@ class Scheduler:
         ]
         overhead = _CPU_FORWARD_OVERHEAD_TOKENS if self.device.type == "cpu" else None
         slots = _CPU_PREFILL_SLOTS if self.device.type == "cpu" else None
-        for chunk in padding_chunks(suffix_lengths, overhead):
+        chunks = padding_chunks(suffix_lengths, overhead)
+        if self.batch_invariant:  # each prompt alone: unpadded, a function of its own tokens
+            chunks = [[i] for i in range(len(prompts))]
+        for chunk in chunks:
             for rows in _within_slots(chunk, suffix_lengths, slots):
                 self._prefill_rows([prompts[i] for i in rows], [stored[i] for i in rows], by_prompt)
-
-    def _prefill_packed(self, prompts: list[PromptKey], by_prompt: dict[PromptKey, list[Request]]) -> None:
-        """Batch-invariant prefill: the distinct prompts of each adapter packed into forwards of at most
-        ``_CPU_PREFILL_SLOTS`` tokens (``batch_invariant.packed_prefill``; nothing is reused), then
-        every request's row, left-padded, merged into the batch."""
-        packs: list[list[PromptKey]] = []
-        for prompt in sorted(prompts, key=lambda p: p.adapter or ""):
-            last = packs[-1] if packs else None
-            if (
-                last is None
-                or last[0].adapter != prompt.adapter
-                or sum(len(p.token_ids) for p in last) + len(prompt.token_ids) > _CPU_PREFILL_SLOTS
-            ):
-                packs.append([])
-            packs[-1].append(prompt)
-        layers = self.model.config.get_text_config().num_hidden_layers
-        for pack in packs:
-            logits_PV, kv = invariant.packed_prefill(
-                self.model,
-                [p.token_ids for p in pack],
-                self._cache_kwarg,
-                new_cache(layers),
-                self._adapter_names([pack[0].adapter]),
-            )
-            requests = [r for p in pack for r in by_prompt[p]]
-            copy_of = [i for i, p in enumerate(pack) for _ in by_prompt[p]]
-            longest = max(len(p.token_ids) for p in pack)
-            cache = new_cache(layers)
-            for layer_index, layer in enumerate(cache.layers):
-                keys, values = (
-                    torch.stack([cascade.left_pad(kv[i][layer_index][j], longest, 1) for i in copy_of])
-                    for j in (0, 1)
-                )
-                layer.set(keys, values, right=longest)
-            mask_BT = torch.zeros(len(requests), longest, dtype=torch.long, device=self.device)
-            for row, i in enumerate(copy_of):
-                mask_BT[row, longest - len(pack[i].token_ids) :] = 1
-            self._append_samples(requests, logits_PV[copy_of])
-            self._batch.merge(requests, cache, mask_BT, [None] * len(requests))
 
     def _prefill_rows(self, prompts, stored, by_prompt: dict[PromptKey, list[Request]]) -> None:
         """One forward over distinct ``prompts`` (each reusing the claimed stored sequence ``stored[i]``

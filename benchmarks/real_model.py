@@ -137,6 +137,7 @@ def settings(args, checkpoint: Path, run_dir: Path) -> dict:
             "run_dir": str(run_dir),
             "seed": args.seed,
             "torch_threads": args.threads,
+            "deterministic": args.deterministic,
         },
         "logging": {"progress": False, "tensorboard": False, "dump_trajectories": False, "report": False},
     }
@@ -172,6 +173,9 @@ def main() -> None:
         help="folder of the converted checkpoint (made on first use)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke sizes: 8 held-out tasks, one RL step")
+    parser.add_argument(
+        "--deterministic", action="store_true", help="trainer.deterministic: true (bitwise; its cost per step)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.eval_tasks, args.tasks_per_step, args.group_size, args.max_steps = 8, 2, 2, 1

@@ -92,9 +92,9 @@ def spy_forwards(engine) -> list[tuple[set[str | None], bool]]:
     whether a cascade block was attended."""
     seen, forward = [], engine._scheduler._forward
 
-    def spied(input_ids_BS, mask_BT, position_ids_BS, cache, plan=None, adapters=()):
+    def spied(input_ids_BS, mask_BT, position_ids_BS, cache, plan=None, adapters=(), **kwargs):
         seen.append((set(adapters), plan is not None and plan.blocks is not None))
-        return forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan, adapters=adapters)
+        return forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan, adapters=adapters, **kwargs)
 
     engine._scheduler._forward = spied
     return seen

@@ -13,9 +13,9 @@ reproducible mode at one thread, as ``trainer.deterministic`` runs:
   ``HFEngine`` refuses more.
 - **the attention**: a left-padded batch puts a row's keys at an offset set by the longest row, and
   the kernel's blocking over keys then sums them in another order.
-- **shared work**: a prompt prefilled together with others is padded; a prompt shared by several rows
-  attended as one block (``agent_r1.rollout.cascade``), or a stored turn's KV reused, depends on what
-  else arrived.
+- **shared work**: a prompt prefilled together with others is padded; whether a prompt shared by
+  several rows is attended as one block (``agent_r1.rollout.cascade``), or a stored turn's KV is
+  still there to be reused (an LRU store evicts by arrival), depends on what else arrived.
 
 So, in this mode (``Scheduler(batch_invariant=True)``):
 
@@ -25,7 +25,13 @@ So, in this mode (``Scheduler(batch_invariant=True)``):
   engine checks this for its model's matmul shapes when it starts (``matmuls_invariant``), since
   another CPU or MKL may pick its kernels otherwise;
 - each row attends to its own keys alone (``rowwise_attention``: one kernel call per row and layer);
-- there are no blocks and no prefix reuse (the engine builder turns the store off).
+- there are no blocks; a finished turn's KV is kept, with no limit, until the weights change
+  (``PrefixStore(None)``), so a trajectory's next turn always finds its own last turn and prefills
+  only its new tokens, alone. The stored KV is itself a function of the trajectory (its prefills and
+  decode steps were), and so is the next turn's. Two samples that fed the same tokens are kept as two
+  entries (bitwise equal), so neither finds the other's taken. The cost: every trajectory of a
+  weight version keeps its last turn's KV (what its row held while it decoded) until the weights
+  change.
 
 Element-wise operations and the per-row reductions (RMS norm, the softmax over the vocabulary, the
 sampler's cumulative sum) compute each row alone at one thread. ``tests/test_rollout_batch_invariant.py``

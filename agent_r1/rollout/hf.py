@@ -92,10 +92,19 @@ def _role_adapters(model: PreTrainedModel, roles: dict[str, str | None]) -> dict
 
 
 def _refuse_variant_settings(
-    device: torch.device, plain_sdpa: bool, cascade_attention: bool | None, prefix_cache_entries: int | None
+    device: torch.device,
+    plain_sdpa: bool,
+    cascade_attention: bool | None,
+    prefix_cache_entries: int | None,
+    roles: Mapping | None,
 ) -> None:
     """Raise unless ``HFEngine(batch_invariant=True)`` can hold its promise with these settings."""
     refuse_unless_invariant(device)
+    if roles is not None:
+        raise ValueError(
+            "HFEngine(batch_invariant=True) serves one policy: with several roles peft runs each adapter's "
+            "rows as a product of their own, whose row count (and so each row's rounding) depends on the batch"
+        )
     if not plain_sdpa:
         raise ValueError(
             "HFEngine(batch_invariant=True) attends row by row through the sdpa route: the model needs "
@@ -103,8 +112,9 @@ def _refuse_variant_settings(
         )
     if cascade_attention or prefix_cache_entries:
         raise ValueError(
-            "HFEngine(batch_invariant=True) shares no prompt and reuses no stored turn (either depends on what "
-            "else arrived): leave cascade_attention and prefix_cache_entries unset"
+            "HFEngine(batch_invariant=True) shares no prompt (that depends on what else arrived) and keeps "
+            "every finished turn until the weights change (an eviction would depend on arrival): leave "
+            "cascade_attention unset and prefix_cache_entries unset (or 0: no reuse)"
         )
 
 
@@ -141,8 +151,9 @@ class HFEngine:
 
     ``batch_invariant``: every request's tokens and log-probs are bitwise the same whichever requests
     share its batch (``agent_r1.rollout.batch_invariant``; the deterministic mode's engine): rows still
-    decode together, each prompt is prefilled alone, and there is no prefix reuse or shared-prompt
-    attention. CPU at one torch thread, ``sdpa`` models with plain attention only (else ValueError).
+    decode together, each prompt is prefilled alone, there is no shared-prompt attention, and every
+    finished turn is stored (``prefix_cache_entries`` None: no limit, until the weights change; 0: no
+    reuse). CPU at one torch thread, ``sdpa`` models with plain attention only (else ValueError).
 
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the
@@ -185,15 +196,17 @@ class HFEngine:
         can_share = attn_implementation == "sdpa" and cascade.plain_attention(model.config)
         self.batch_invariant = batch_invariant
         if batch_invariant:
-            _refuse_variant_settings(self.device, can_share, cascade_attention, prefix_cache_entries)
-            cascade_attention, prefix_cache_entries = False, 0
+            _refuse_variant_settings(self.device, can_share, cascade_attention, prefix_cache_entries, roles)
+            cascade_attention = False
             if not matmuls_invariant(self.model, max_batch_size):
                 log.warning(
                     "HFEngine(batch_invariant=True): this CPU's matmul kernels round a row differently at "
                     "different batch sizes; decoding one request at a time instead (exact, and slower)"
                 )
                 self.max_batch_size = max_batch_size = 1
-        self.prefix_cache_entries = max_batch_size if prefix_cache_entries is None else prefix_cache_entries
+        if prefix_cache_entries is None:  # batch-invariant: no limit, nothing evicted by arrival
+            prefix_cache_entries = None if batch_invariant else max_batch_size
+        self.prefix_cache_entries = prefix_cache_entries
         if cascade_attention and not can_share:
             raise ValueError(
                 f"HFEngine: cascade_attention needs sdpa attention with plain softmax in every layer; this model "

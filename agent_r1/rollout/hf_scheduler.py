@@ -153,7 +153,7 @@ class Scheduler:
         max_batch_size: int,
         eos_token_ids: frozenset[int],
         max_context: int,
-        prefix_cache_entries: int,
+        prefix_cache_entries: int | None,
         cascade_attention: bool,
         attn_implementation: str,
         finish: Finish,
@@ -424,7 +424,7 @@ class Scheduler:
         for i, request in enumerate(self._batch.rows):
             reason = None if request is None else self._stop_reason(request)
             if reason is not None:
-                if reason is not StopReason.ABORT and self._prefixes.capacity > 0:
+                if reason is not StopReason.ABORT and self._prefixes.keeps:
                     self._keep_prefix(i, request)
                 self._finish(request, reason, error="cancelled" if reason is StopReason.ABORT else None)
                 finished.append(i)

@@ -43,18 +43,24 @@ class StoredPrefix:
 
 
 class PrefixStore:
-    """Up to ``capacity`` stored sequences (0: none are kept), least recently stored dropped first,
-    keyed by the adapter and the token ids fed to the model (prompt + response[:-1]), for ``model``'s
-    weights."""
+    """Up to ``capacity`` stored sequences (0: none are kept; None: no limit), least recently stored
+    dropped first, keyed by the adapter and the token ids fed to the model (prompt + response[:-1]),
+    for ``model``'s weights. Several sequences with the same key (samples of a group that sampled the
+    same tokens) are kept as several entries, each claimed once."""
 
-    def __init__(self, capacity: int, model: torch.nn.Module) -> None:
+    def __init__(self, capacity: int | None, model: torch.nn.Module) -> None:
         self.capacity = capacity
         self._model = model
-        self._entries: OrderedDict[PromptKey, StoredPrefix] = OrderedDict()
+        self._entries: OrderedDict[PromptKey, list[StoredPrefix]] = OrderedDict()
         self._fingerprint = self._weights_fingerprint()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(len(entries) for entries in self._entries.values())
+
+    @property
+    def keeps(self) -> bool:
+        """Whether finished sequences are stored at all."""
+        return self.capacity is None or self.capacity > 0
 
     def _weights_fingerprint(self) -> int:
         """Sum of the parameters' in-place version counters: it changes whenever any weight is
@@ -71,10 +77,13 @@ class PrefixStore:
     def keep(self, fed: PromptKey, entry: StoredPrefix) -> None:
         """Store ``entry`` under the adapter and tokens ``fed`` it covers, dropping the oldest beyond
         capacity."""
-        self._entries[fed] = entry
+        self._entries.setdefault(fed, []).append(entry)
         self._entries.move_to_end(fed)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        while self.capacity is not None and len(self) > self.capacity:
+            oldest = next(iter(self._entries))
+            self._entries[oldest].pop(0)
+            if not self._entries[oldest]:
+                del self._entries[oldest]
 
     def claim(self, prompts: list[PromptKey]) -> list[PromptKey | None]:
         """For each prompt, the longest stored sequence of the same adapter that it strictly extends
@@ -83,13 +92,13 @@ class PrefixStore:
         claimed: list[PromptKey | None] = []
         for prompt in prompts:
             best = None
-            for fed in self._entries:
+            for fed, entries in self._entries.items():
                 n = len(fed.token_ids)
                 if (
                     fed.adapter == prompt.adapter
                     and n < len(prompt.token_ids)
                     and (best is None or n > len(best.token_ids))
-                    and fed not in claimed
+                    and claimed.count(fed) < len(entries)
                     and prompt.token_ids[:n] == fed.token_ids
                 ):
                     best = fed
@@ -97,5 +106,9 @@ class PrefixStore:
         return claimed
 
     def pop(self, fed: PromptKey) -> StoredPrefix:
-        """Take the entry stored under ``fed`` out of the store."""
-        return self._entries.pop(fed)
+        """Take an entry stored under ``fed`` out of the store."""
+        entries = self._entries[fed]
+        entry = entries.pop(0)
+        if not entries:
+            del self._entries[fed]
+        return entry

@@ -296,16 +296,18 @@ def rollout_flows(
     return flow, eval_flow
 
 
-def _deterministic_engine(source, device) -> dict:
+def _deterministic_engine(config: TrainConfig, source, device) -> dict:
     """The HF engine's settings under ``trainer.deterministic``, so that each response is computed from
     its own tokens alone, whichever requests happen to be live at once (docs/training.md, Determinism):
-    batch-invariant decoding on the CPU at one torch thread (``agent_r1.rollout.batch_invariant``),
-    else one request at a time; never a stored prefix."""
+    batch-invariant decoding of one policy on the CPU at one torch thread
+    (``agent_r1.rollout.batch_invariant``: every finished turn kept for the next until the weights
+    change), else (a GPU, more threads, several policies) one request at a time and never a stored
+    prefix."""
     placed = (
         next(source.parameters()).device if hasattr(source, "parameters") else torch.device(device or "cpu")
     )
-    if placed.type == "cpu" and torch.get_num_threads() == 1:
-        return {"batch_invariant": True, "prefix_cache_entries": 0}
+    if placed.type == "cpu" and torch.get_num_threads() == 1 and not config.policies:
+        return {"batch_invariant": True}
     return {"max_batch_size": 1, "prefix_cache_entries": 0}
 
 
@@ -320,7 +322,7 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None, 
     rollout = config.rollout
     kwargs = {"max_batch_size": rollout.max_batch_size, **rollout.engine_kwargs}
     if config.trainer.deterministic and rollout.engine == "hf":
-        kwargs.update(_deterministic_engine(source, device))
+        kwargs.update(_deterministic_engine(config, source, device))
     if config.policies:
         from agent_r1.train.policies import engine_roles, max_adapter_rank
 

@@ -384,9 +384,9 @@ class TrainerConfig:
         False,
         "Bitwise-reproducible runs: a rerun with the same seed, and a run killed anywhere and resumed, "
         "give the same metrics (timings aside), trajectories and weights on the same machine and "
-        "software. The HF engine then decodes batch-invariantly with no prefix reuse (each request's "
-        "result does not depend on which requests share its batch; one request at a time on a GPU or "
-        "at more than one thread), torch runs deterministic algorithms with "
+        "software. The HF engine then decodes batch-invariantly (each request's result does not depend on "
+        "which requests share its batch; one request at a time with no prefix reuse on a GPU or at more "
+        "than one thread), torch runs deterministic algorithms with "
         "a fixed thread count (trainer.torch_threads, default 1 here), MKL in its reproducible mode "
         "(MKL_CBWR, default AUTO) and, on CUDA, CUBLAS_WORKSPACE_CONFIG=:4096:8 without cuDNN "
         "benchmarking. Slower: docs/training.md gives the cost.",

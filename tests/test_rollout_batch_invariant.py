@@ -160,3 +160,20 @@ def test_the_store_keeps_equal_sequences_apart_and_without_limit():
         bounded.keep(key, entry)
     assert len(bounded) == 2 and bounded.claim(prompts) == [same, None, None]
     assert not PrefixStore(0, model).keeps
+
+
+def test_an_unbounded_store_warns_as_its_kv_grows(monkeypatch, caplog):
+    """The batch-invariant store never evicts: past the threshold, and at each doubling, a warning
+    names the size and the switch that turns reuse off; popping frees the count."""
+    from agent_r1.rollout import prefix_store
+
+    monkeypatch.setattr(prefix_store, "UNBOUNDED_WARNING_BYTES", 1000)
+    store = PrefixStore(None, build_tiny_model(300, seed=0))
+    entry = StoredPrefix(None, [(torch.zeros(100), torch.zeros(100))])  # 800 bytes
+    with caplog.at_level("WARNING", logger="agent_r1.rollout.prefix_store"):
+        for i in range(3):
+            store.keep(PromptKey(None, (i,)), entry)
+    assert store.nbytes == 2400
+    assert [r.getMessage().count("prefix_cache_entries: 0") for r in caplog.records] == [1, 1]
+    store.pop(PromptKey(None, (0,)))
+    assert store.nbytes == 1600

@@ -11,6 +11,7 @@ roles (each a LoRA adapter of one model) keys every entry by ``(adapter, token i
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -20,6 +21,11 @@ import torch
 from agent_r1.rollout import cascade
 
 __all__ = ["BASE_ADAPTER", "PrefixStore", "PromptKey", "StoredPrefix"]
+
+log = logging.getLogger(__name__)
+
+UNBOUNDED_WARNING_BYTES = 4 * 2**30
+"""An unbounded store warns when its KV first passes this, and again at every doubling."""
 
 BASE_ADAPTER = "__base__"
 """peft's name for "the base model, adapters off" in a mixed-adapter batch (``adapter_names``)."""
@@ -41,18 +47,26 @@ class StoredPrefix:
     block: cascade.Block | None
     kv: list[tuple[torch.Tensor, torch.Tensor]]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.kv)
+
 
 class PrefixStore:
     """Up to ``capacity`` stored sequences (0: none are kept; None: no limit), least recently stored
     dropped first, keyed by the adapter and the token ids fed to the model (prompt + response[:-1]),
     for ``model``'s weights. Several sequences with the same key (samples of a group that sampled the
-    same tokens) are kept as several entries, each claimed once."""
+    same tokens) are kept as several entries, each claimed once. Without a limit (the batch-invariant
+    engine's store) it logs a warning when its KV first passes ``UNBOUNDED_WARNING_BYTES``, and at
+    every doubling after."""
 
     def __init__(self, capacity: int | None, model: torch.nn.Module) -> None:
         self.capacity = capacity
         self._model = model
         self._entries: OrderedDict[PromptKey, list[StoredPrefix]] = OrderedDict()
         self._fingerprint = self._weights_fingerprint()
+        self.nbytes = 0  # the stored KV
+        self._warn_at = UNBOUNDED_WARNING_BYTES
 
     def __len__(self) -> int:
         return sum(len(entries) for entries in self._entries.values())
@@ -73,17 +87,24 @@ class PrefixStore:
         if fingerprint != self._fingerprint:
             self._entries.clear()
             self._fingerprint = fingerprint
+            self.nbytes = 0
 
     def keep(self, fed: PromptKey, entry: StoredPrefix) -> None:
         """Store ``entry`` under the adapter and tokens ``fed`` it covers, dropping the oldest beyond
         capacity."""
         self._entries.setdefault(fed, []).append(entry)
         self._entries.move_to_end(fed)
+        self.nbytes += entry.nbytes
         while self.capacity is not None and len(self) > self.capacity:
-            oldest = next(iter(self._entries))
-            self._entries[oldest].pop(0)
-            if not self._entries[oldest]:
-                del self._entries[oldest]
+            self.pop(next(iter(self._entries)))
+        if self.capacity is None and self.nbytes >= self._warn_at:
+            log.warning(
+                "HFEngine (batch-invariant, trainer.deterministic): the finished turns kept for reuse hold "
+                "%.1f GiB of KV until the weights change (a bounded store would evict by arrival and break "
+                "the bits); rollout.engine_kwargs.prefix_cache_entries: 0 turns reuse off",
+                self.nbytes / 2**30,
+            )
+            self._warn_at *= 2
 
     def claim(self, prompts: list[PromptKey]) -> list[PromptKey | None]:
         """For each prompt, the longest stored sequence of the same adapter that it strictly extends
@@ -111,4 +132,5 @@ class PrefixStore:
         entry = entries.pop(0)
         if not entries:
             del self._entries[fed]
+        self.nbytes -= entry.nbytes
         return entry

@@ -41,7 +41,7 @@ and leave at other times.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +56,8 @@ __all__ = [
     "install",
     "matmuls_invariant",
     "padded_rows",
-    "refuse_unless_invariant",
+    "possible",
+    "refuse_settings",
     "rowwise_attention",
 ]
 
@@ -94,7 +95,8 @@ def matmuls_invariant(model: torch.nn.Module, capacity: int) -> bool:
 @dataclass(frozen=True)
 class RowSpans:
     """A decode step's rows' own key counts: row ``i`` attends to the last ``spans[i]`` columns of the
-    cache (its own tokens, contiguous at the right since nothing is reused); 0 for an idle row."""
+    cache (its own tokens, contiguous at the right: each prompt, a reused turn's included, is prefilled
+    alone, without padding); 0 for an idle row."""
 
     spans: Sequence[int]
 
@@ -140,12 +142,40 @@ def install() -> None:
     route_sdpa("rowwise", rowwise_attention)
 
 
-def refuse_unless_invariant(device: torch.device) -> None:
-    """Raise unless this process decodes batch-invariantly: on the CPU at one torch thread (what was
-    measured; a GPU's matmul kernels change with the row count, and so do MKL's at two threads)."""
-    if device.type != "cpu" or torch.get_num_threads() != 1:
+def possible(device: torch.device) -> bool:
+    """Whether this process can decode batch-invariantly on ``device``: the CPU at one torch thread
+    (what was measured; a GPU's matmul kernels change with the row count, and so do MKL's at two
+    threads)."""
+    return device.type == "cpu" and torch.get_num_threads() == 1
+
+
+def refuse_settings(
+    device: torch.device,
+    plain_sdpa: bool,
+    cascade_attention: bool | None,
+    prefix_cache_entries: int | None,
+    roles: Mapping | None,
+) -> None:
+    """Raise unless ``HFEngine(batch_invariant=True)`` can hold its promise with these settings."""
+    if not possible(device):
         raise ValueError(
             f"HFEngine(batch_invariant=True) decodes bitwise the same in any batch on the CPU at one torch "
             f"thread; this engine runs on {device.type} at {torch.get_num_threads()} thread(s) "
             "(trainer.deterministic then decodes one request at a time)"
+        )
+    if roles is not None:
+        raise ValueError(
+            "HFEngine(batch_invariant=True) serves one policy: with several roles peft runs each adapter's "
+            "rows as a product of their own, whose row count (and so each row's rounding) depends on the batch"
+        )
+    if not plain_sdpa:
+        raise ValueError(
+            "HFEngine(batch_invariant=True) attends row by row through the sdpa route: the model needs "
+            "attn_implementation='sdpa' and plain softmax attention in every layer"
+        )
+    if cascade_attention or prefix_cache_entries:
+        raise ValueError(
+            "HFEngine(batch_invariant=True) shares no prompt (that depends on what else arrived) and keeps "
+            "every finished turn until the weights change (an eviction would depend on arrival): leave "
+            "cascade_attention unset and prefix_cache_entries unset (or 0: no reuse)"
         )

@@ -33,7 +33,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agent_r1.rollout import cascade
 from agent_r1.rollout.base import LoraWeights, NamedTensors
-from agent_r1.rollout.batch_invariant import matmuls_invariant, refuse_unless_invariant
+from agent_r1.rollout.batch_invariant import matmuls_invariant, refuse_settings
 from agent_r1.rollout.hf_scheduler import Request, Scheduler
 from agent_r1.rollout.prefix_store import BASE_ADAPTER
 from agent_r1.rollout.prompt_checks import refuse_prompt, refuse_role
@@ -89,33 +89,6 @@ def _role_adapters(model: PreTrainedModel, roles: dict[str, str | None]) -> dict
             )
         adapters[role] = adapter
     return adapters
-
-
-def _refuse_variant_settings(
-    device: torch.device,
-    plain_sdpa: bool,
-    cascade_attention: bool | None,
-    prefix_cache_entries: int | None,
-    roles: Mapping | None,
-) -> None:
-    """Raise unless ``HFEngine(batch_invariant=True)`` can hold its promise with these settings."""
-    refuse_unless_invariant(device)
-    if roles is not None:
-        raise ValueError(
-            "HFEngine(batch_invariant=True) serves one policy: with several roles peft runs each adapter's "
-            "rows as a product of their own, whose row count (and so each row's rounding) depends on the batch"
-        )
-    if not plain_sdpa:
-        raise ValueError(
-            "HFEngine(batch_invariant=True) attends row by row through the sdpa route: the model needs "
-            "attn_implementation='sdpa' and plain softmax attention in every layer"
-        )
-    if cascade_attention or prefix_cache_entries:
-        raise ValueError(
-            "HFEngine(batch_invariant=True) shares no prompt (that depends on what else arrived) and keeps "
-            "every finished turn until the weights change (an eviction would depend on arrival): leave "
-            "cascade_attention unset and prefix_cache_entries unset (or 0: no reuse)"
-        )
 
 
 def _resolve(future: asyncio.Future, completion: Completion) -> None:
@@ -196,7 +169,7 @@ class HFEngine:
         can_share = attn_implementation == "sdpa" and cascade.plain_attention(model.config)
         self.batch_invariant = batch_invariant
         if batch_invariant:
-            _refuse_variant_settings(self.device, can_share, cascade_attention, prefix_cache_entries, roles)
+            refuse_settings(self.device, can_share, cascade_attention, prefix_cache_entries, roles)
             cascade_attention = False
             if not matmuls_invariant(self.model, max_batch_size):
                 log.warning(

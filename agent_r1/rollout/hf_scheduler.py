@@ -277,9 +277,10 @@ class Scheduler:
         ]
         overhead = _CPU_FORWARD_OVERHEAD_TOKENS if self.device.type == "cpu" else None
         slots = _CPU_PREFILL_SLOTS if self.device.type == "cpu" else None
-        chunks = padding_chunks(suffix_lengths, overhead)
         if self.batch_invariant:  # each prompt alone: unpadded, a function of its own tokens
             chunks = [[i] for i in range(len(prompts))]
+        else:
+            chunks = padding_chunks(suffix_lengths, overhead)
         for chunk in chunks:
             for rows in _within_slots(chunk, suffix_lengths, slots):
                 self._prefill_rows([prompts[i] for i in rows], [stored[i] for i in rows], by_prompt)

@@ -303,10 +303,12 @@ def _deterministic_engine(config: TrainConfig, source, device) -> dict:
     (``agent_r1.rollout.batch_invariant``: every finished turn kept for the next until the weights
     change), else (a GPU, more threads, several policies) one request at a time and never a stored
     prefix."""
+    from agent_r1.rollout import batch_invariant
+
     placed = (
         next(source.parameters()).device if hasattr(source, "parameters") else torch.device(device or "cpu")
     )
-    if placed.type == "cpu" and torch.get_num_threads() == 1 and not config.policies:
+    if batch_invariant.possible(placed) and not config.policies:
         return {"batch_invariant": True}
     return {"max_batch_size": 1, "prefix_cache_entries": 0}
 

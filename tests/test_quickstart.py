@@ -25,6 +25,29 @@ def test_quick_settings_and_overrides():
     assert settings == {**quickstart.QUICK, "rl_steps": 3}
 
 
+def test_sampling_overlaps_the_update_unless_sync(tmp_path, monkeypatch):
+    from agent_r1.train.config import config_from_dict
+
+    monkeypatch.setattr(quickstart.os, "cpu_count", lambda: 8)
+    args = _parse([])
+    config = config_from_dict(quickstart.rl_config(args, quickstart._settings(args), tmp_path))
+    assert config.trainer.mode == "async" and config.trainer.max_staleness == 1
+    assert config.rollout.share_model is False  # the engine samples from its own copy meanwhile
+    assert config.trainer.torch_threads == 4  # the engine's thread and the learner's split the cores
+    assert config.algorithm.old_logprobs == "sampler"  # the stale samples' correction
+    # One batch holds the 400 held-out episodes; a larger evaluation is capped.
+    assert config.rollout.max_batch_size == 400
+    big = _parse(["--eval-tasks", "1000"])
+    assert quickstart.rl_config(big, quickstart._settings(big), tmp_path)["rollout"]["max_batch_size"] == 512
+
+    args = _parse(["--sync", "--threads", "2"])
+    config = config_from_dict(quickstart.rl_config(args, quickstart._settings(args), tmp_path))
+    assert config.trainer.mode == "sync" and config.rollout.share_model is True
+    assert config.trainer.torch_threads == 2
+    monkeypatch.setattr(quickstart.os, "cpu_count", lambda: 1)
+    assert quickstart.overlap_settings(_parse([]))["trainer"]["torch_threads"] == 1
+
+
 def test_cli_lists_quickstart():
     result = subprocess.run(
         [sys.executable, "-m", "agent_r1.cli", "quickstart", "--help"],

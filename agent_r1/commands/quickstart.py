@@ -7,7 +7,8 @@
    product without the second call), each demonstration replayed through the same ``ToolEnv`` the RL
    uses, so the tokens are identical.
 4. RL with the real trainer: multi-step rollouts through ``AgentEnvLoop`` + ``ToolEnv`` + ``HFEngine``,
-   GRPO advantages, PPO-clip, dynamic filtering; held-out evaluation before and after.
+   GRPO advantages, PPO-clip, dynamic filtering; held-out evaluation before and after. Sampling
+   overlaps the update (``overlap_settings``; ``--sync`` takes turns).
 
 Held-out success is measured the way the policy is trained and used: sampled at temperature 1,
 ``EVAL_SAMPLES`` episodes per task. Greedy decoding is not the measure here: the cloned model
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -37,6 +39,10 @@ HELP = (
 DEFAULTS = {"sft_demos": 800, "sft_epochs": 3, "rl_steps": 12, "eval_tasks": 100}
 QUICK = {"sft_demos": 800, "sft_epochs": 3, "rl_steps": 6, "eval_tasks": 50}
 EVAL_SAMPLES = 4  # sampled episodes per held-out task
+# The most episodes sampled at once: the held-out evaluation's 400 run as one batch (16 s -> 13 s on
+# the quickstart's warm start, 2 idle cores, against batches of 128), while a large --eval-tasks
+# does not hold thousands of KV caches.
+MAX_BATCH_ROWS = 512
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +60,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks-per-step", type=int, default=16, help="tasks per RL step")
     parser.add_argument("--group-size", type=int, default=8, help="samples per task (GRPO group)")
     parser.add_argument("--lr", type=float, default=2e-4, help="RL learning rate")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of the RL phase (default: half the cores; with --sync torch's choice)",
+    )
+    parser.add_argument(
+        "--sync",
+        action="store_true",
+        help="sample, then update, in turn (trainer.mode: sync); by default sampling overlaps the update",
+    )
 
 
 def _settings(args: argparse.Namespace) -> dict:
@@ -121,6 +137,63 @@ def rl_settings(
     }
 
 
+def overlap_settings(args: argparse.Namespace) -> dict:
+    """How the quickstart's RL phase runs on this machine, beside ``rl_settings`` (what it computes).
+
+    By default sampling overlaps the update (``trainer.mode: async``): step k+1's rollout runs on the
+    engine's thread, from its own copy of the weights, while step k trains, one policy version
+    behind, and the PPO ratio is taken against the sampler's log-probs (``old_logprobs: sampler``),
+    which corrects for it. The two threads split the cores (``trainer.torch_threads``): with
+    torch's choice each runs as many threads as there are cores and they preempt each other. On 2
+    idle cores the 12 steps took 88 s in turn, 68 s overlapped with 2 threads each, 58 s with one
+    each, for the same held-out gain (benchmarks/HISTORY.md).
+    """
+    threads = args.threads
+    if args.sync:
+        return {"trainer": {"torch_threads": threads}}
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 2) // 2)
+    return {
+        "trainer": {"mode": "async", "max_staleness": 1, "torch_threads": threads},
+        "rollout": {"share_model": False},
+    }
+
+
+def rl_config(args: argparse.Namespace, settings: dict, out: Path) -> dict:
+    """The RL phase's whole config: ``rl_settings`` (what it computes) and ``overlap_settings`` (how it
+    runs), over the warm start and the data in ``out``."""
+    from agent_r1.tasks import get_task
+
+    rl = rl_settings(
+        steps=settings["rl_steps"],
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group_size,
+        lr=args.lr,
+        seed=args.seed,
+        run_dir=str(out / "run"),
+        threads=args.threads,
+    )
+    overlap = overlap_settings(args)
+    train_rows = args.tasks_per_step * args.group_size
+    eval_rows = settings["eval_tasks"] * EVAL_SAMPLES
+    return {
+        "rollout": {
+            **rl["rollout"],
+            **overlap.get("rollout", {}),
+            "max_batch_size": max(train_rows, min(eval_rows, MAX_BATCH_ROWS)),
+        },
+        "algorithm": rl["algorithm"],
+        "trainer": {**rl["trainer"], **overlap["trainer"]},
+        "model": {"path": str(out / "sft_model")},
+        "data": {"train": str(out / "data" / "train.jsonl"), "val": str(out / "data" / "test.jsonl")},
+        "env": {
+            "name": "agent_r1.tasks.arithmetic:make_env",
+            "kwargs": {"max_turns": get_task("arithmetic").max_turns},
+        },
+        "logging": {"progress": True, "tensorboard": True, "dump_trajectories": True},
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -169,26 +242,11 @@ def run(args: argparse.Namespace) -> int:
     )
 
     print(
-        f"[2/3] RL: {settings['rl_steps']} GRPO steps of {args.tasks_per_step} tasks x {args.group_size}",
+        f"[2/3] RL: {settings['rl_steps']} GRPO steps of {args.tasks_per_step} tasks x {args.group_size}"
+        + ("" if args.sync else " (sampling overlaps the update)"),
         flush=True,
     )
-    config = config_from_dict(
-        {
-            **rl_settings(
-                steps=settings["rl_steps"],
-                tasks_per_step=args.tasks_per_step,
-                group_size=args.group_size,
-                lr=args.lr,
-                seed=args.seed,
-                run_dir=str(out / "run"),
-                threads=args.threads,
-            ),
-            "model": {"path": str(sft_dir)},
-            "data": {"train": str(out / "data" / "train.jsonl"), "val": str(out / "data" / "test.jsonl")},
-            "env": {"name": "agent_r1.tasks.arithmetic:make_env", "kwargs": {"max_turns": spec.max_turns}},
-            "logging": {"progress": True, "tensorboard": True, "dump_trajectories": True},
-        }
-    )
+    config = config_from_dict(rl_config(args, settings, out))
     rl_started = time.perf_counter()
     # OUT is rebuilt from scratch (data, warm start): an earlier quickstart's run there is replaced.
     Trainer(config, tokenizer=tokenizer, model=model, overwrite=True).fit()
@@ -209,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
             "eval_samples": EVAL_SAMPLES,
             "tasks_per_step": args.tasks_per_step,
             "group_size": args.group_size,
+            "mode": config.trainer.mode,
+            "torch_threads": config.trainer.torch_threads,
         },
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

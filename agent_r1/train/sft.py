@@ -138,17 +138,20 @@ def sft_sequences(trajectories: Sequence[Trajectory]) -> list[TrainSequence]:
 
 
 def _padded_batch(sequences: Sequence[TrainSequence], pad_id: int):
-    """Right-padded ids, attention mask and target mask, all (B, T)."""
+    """Right-padded ids and target mask, both (B, T).
+
+    No attention mask goes with them: under causal attention a real token never sees the padding
+    after it, and positions count from 0 either way, so the padding changes no real token's logits
+    and none of it is a target. Without a mask the forward takes the plain causal kernel: the
+    quickstart's warm start steps took 308 ms instead of 334 (2 idle cores)."""
     T = max(len(s) for s in sequences)
     ids_BT = torch.full((len(sequences), T), pad_id, dtype=torch.long)
-    attention_BT = torch.zeros(len(sequences), T, dtype=torch.long)
     target_BT = torch.zeros(len(sequences), T, dtype=torch.bool)
     for i, s in enumerate(sequences):
         ids_BT[i, : len(s)] = torch.tensor(s.token_ids)
-        attention_BT[i, : len(s)] = 1
         for span in s.spans:
             target_BT[i, span.start : span.start + span.length] = True
-    return ids_BT, attention_BT, target_BT
+    return ids_BT, target_BT
 
 
 def train_sft(
@@ -189,10 +192,8 @@ def train_sft(
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
             for m in range(0, len(batch), config.micro_batch_size):
-                ids_BT, attention_BT, target_BT = _padded_batch(
-                    batch[m : m + config.micro_batch_size], pad_token_id
-                )
-                logits_BTV = model(input_ids=ids_BT, attention_mask=attention_BT).logits[:, :-1].float()
+                ids_BT, target_BT = _padded_batch(batch[m : m + config.micro_batch_size], pad_token_id)
+                logits_BTV = model(input_ids=ids_BT).logits[:, :-1].float()
                 nll_BT = F.cross_entropy(logits_BTV.transpose(1, 2), ids_BT[:, 1:], reduction="none")
                 loss = (nll_BT * target_BT[:, 1:]).sum() / n_targets
                 loss.backward()

@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="torch threads of the RL phase (default: half the cores; with --sync torch's choice)",
+        help="torch threads (default: torch's choice for the warm start; half the cores for RL, "
+        "torch's choice with --sync)",
     )
     parser.add_argument(
         "--sync",
@@ -100,8 +101,9 @@ def rl_settings(
     run_dir: str,
     threads: int | None,
 ) -> dict:
-    """The RL part of the quickstart's config (rollout, algorithm, trainer sections), evaluating once
-    before and once after training; ``benchmarks/multiturn.py`` trains with the same settings."""
+    """What the quickstart's RL computes (rollout, algorithm, trainer sections), evaluating once
+    before and once after training, sample and update in turn; ``benchmarks/multiturn.py`` and the
+    races against TRL train with these settings. The quickstart itself adds ``overlap_settings``."""
     from agent_r1.tasks import get_task
 
     return {

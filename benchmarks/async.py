@@ -502,6 +502,9 @@ def print_latency_table(runs: dict[str, list[dict]]) -> str:
                 cell += f" ({means[arm] / means['sync']:.2f}x)"
             cells.append(cell)
         print(f"| {name} | " + " | ".join(cells) + " |")
+    # A collapse in one seed shows in the mean and the range; this row says which seed it was.
+    per_seed = (" / ".join(f"{r['after']:.3f}" for r in runs[arm]) for arm in arms)
+    print("| held-out success after, in --seeds order | " + " | ".join(per_seed) + " |")
     asyncs = [a for a in arms if ARMS[a][0] == "async"]
     if not asyncs or not means.get("sync"):
         return "latency-bound: no sync and async arm to compare"

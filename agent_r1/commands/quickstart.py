@@ -146,11 +146,9 @@ def overlap_settings(args: argparse.Namespace) -> dict:
     idle cores the 12 steps took 88 s in turn, 68 s overlapped with 2 threads each, 58 s with one
     each, for the same held-out gain (benchmarks/HISTORY.md).
     """
-    threads = args.threads
     if args.sync:
-        return {"trainer": {"torch_threads": threads}}
-    if threads is None:
-        threads = max(1, (os.cpu_count() or 2) // 2)
+        return {}  # rl_settings as they are (torch_threads: --threads or torch's choice)
+    threads = max(1, (os.cpu_count() or 2) // 2) if args.threads is None else args.threads
     return {
         "trainer": {"mode": "async", "max_staleness": 1, "torch_threads": threads},
         "rollout": {"share_model": False},
@@ -179,7 +177,7 @@ def rl_config(args: argparse.Namespace, settings: dict, out: Path) -> dict:
     return {
         "rollout": {**rl["rollout"], **overlap.get("rollout", {})},
         "algorithm": rl["algorithm"],
-        "trainer": {**rl["trainer"], **overlap["trainer"]},
+        "trainer": {**rl["trainer"], **overlap.get("trainer", {})},
         "model": {"path": str(out / "sft_model")},
         "data": {"train": str(out / "data" / "train.jsonl"), "val": str(out / "data" / "test.jsonl")},
         "env": {

@@ -289,6 +289,41 @@ def test_rows_joining_and_leaving_at_random_keep_exact_logprobs(model):
     assert max(asyncio.run(main())) < 1e-4
 
 
+def test_compaction_moves_the_live_rows_within_the_same_buffers():
+    """Once half the rows finished, the live ones move to the front of the buffers they are in (no new
+    buffer: under ``torch.use_deterministic_algorithms`` each is NaN-filled first, which made a
+    deterministic run's compactions cost 4x at 400 rows), the columns that are padding in all of them
+    are dropped, and a row joining afterwards is written in place beside them."""
+    generator = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(4, 2, 5, 3, generator=generator) for _ in range(2))
+    mask_BT = torch.ones(4, 5, dtype=torch.long)
+    mask_BT[0, :2] = mask_BT[1, :3] = mask_BT[2, :1] = 0  # left padding
+    cache = kv_cache.new_cache(1)
+    cache.layers[0].set(keys, values)
+    batch = kv_cache.DecodeBatch(capacity=8)
+    batch.merge(["a", "b", "c", "d"], cache, mask_BT, [None] * 4)
+    layer = batch.cache.layers[0]
+    buffers = layer._key_buffer.data_ptr(), layer._value_buffer.data_ptr()
+
+    batch.retire([1, 3])
+
+    assert batch.rows == ["a", "c"]
+    assert torch.equal(batch.mask_BT, mask_BT[[0, 2], 1:])  # column 0 was padding in both
+    assert torch.equal(layer.keys, keys[[0, 2], :, 1:]) and torch.equal(layer.values, values[[0, 2], :, 1:])
+    assert (layer._key_buffer.data_ptr(), layer._value_buffer.data_ptr()) == buffers
+
+    joining = kv_cache.new_cache(1)
+    new_keys, new_values = (torch.randn(1, 2, 2, 3, generator=generator) for _ in range(2))
+    joining.layers[0].set(new_keys, new_values)
+    batch.merge(["e"], joining, torch.ones(1, 2, dtype=torch.long), [None])
+    assert batch.rows == ["a", "c", "e"]
+    assert torch.equal(layer.keys[:2], keys[[0, 2], :, 1:])
+    assert torch.equal(layer.keys[2, :, -2:], new_keys[0])
+    assert torch.equal(layer.values[2, :, -2:], new_values[0])
+    assert batch.mask_BT[2].tolist() == [0, 0, 1, 1]
+    assert (layer._key_buffer.data_ptr(), layer._value_buffer.data_ptr()) == buffers
+
+
 def test_rows_joining_a_batch_are_written_in_place(model, monkeypatch):
     """Three short two-turn trajectories beside a long one: their rows finish (the batch compacts to
     the long row) and rejoin, in whatever groups they happen to arrive. Every join into a live batch

@@ -7,8 +7,9 @@ shared prompt block (``agent_r1.rollout.cascade``) each row extends. Rows sit le
 masked out and positions are explicit, so a row's log-probs equal an unpadded forward over its own
 tokens.
 
-Deviation from vLLM: no paged attention; the batch cache is re-laid when rows join or leave
-(a copy of the live KV, cheap next to a decode step for models that fit a CPU or one GPU).
+Deviation from vLLM: no paged attention; the batch cache is re-laid when a joining row does not
+fit its buffers (a copy of the live KV, cheap next to a decode step for models that fit a CPU or one
+GPU), and finished rows are dropped by moving the live ones within the buffers.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class GrowingLayer(DynamicLayer):
     step writes one column in place and ``keys`` / ``values`` are views of the filled block
     ``[:rows, :, start:end]``. Spare columns on the right take decode steps (the buffer doubles when
     full); spare rows and spare columns on the left let joining rows, even ones longer than the batch,
-    be written in place (``append_rows``) instead of re-laying the whole cache. Buffers are allocated
+    be written in place (``put_rows``) instead of re-laying the whole cache. Buffers are allocated
     uninitialised (zeroing them cost a fifth of a multi-turn rollout's time); every slot is written
     before the view covers it (padding with zeros), so a masked slot never holds a non-finite value.
     """
@@ -97,6 +98,16 @@ class GrowingLayer(DynamicLayer):
         self._rows = max(self._rows, rows)
         self._view()
 
+    def keep_rows(self, index: torch.Tensor, first: int) -> None:
+        """Keep only rows ``index`` (ascending), moved to the front in place, and drop the view's first
+        ``first`` columns (padding in every kept row): no new buffer, only the live KV is copied."""
+        start = self._start + first
+        for buffer in (self._key_buffer, self._value_buffer):
+            # (the gather copies before it writes: row i moves from index[i] >= i)
+            buffer[: len(index), :, start : self._end] = buffer[index, :, start : self._end]
+        self._rows, self._start = len(index), start
+        self._view()
+
     def put_rows(self, slots: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write rows (n, H, L, D) into row ``slots`` (finished rows', or the next new ones), right-aligned
         to the current end, widening the view to the left when ``L`` exceeds its width (the other rows'
@@ -125,10 +136,11 @@ class DecodeBatch:
     prompt block row ``i`` extends (its cache then holds only the tokens after it), or None.
 
     A finished row stays in the cache (its decode output is ignored) until a joining request takes its
-    slot, or until finished rows make up half the batch: then the live rows are copied once into a
-    fresh cache, so a copy happens O(log B) times per wave of finishing rows instead of at every
-    retirement. (Multi-turn trajectories rejoin once per turn: filling finished rows' slots, their
-    turns no longer run the buffers out of rows, which re-laid the whole cache.)
+    slot, or until finished rows make up half the batch: then the live rows are moved to the front of
+    the same buffers (``GrowingLayer.keep_rows``), so a copy happens O(log B) times per wave of
+    finishing rows instead of at every retirement. (Multi-turn trajectories rejoin once per turn:
+    filling finished rows' slots, their turns no longer run the buffers out of rows, which re-laid
+    the whole cache.)
 
     ``padded_rows`` (batch-invariant decoding, ``agent_r1.rollout.batch_invariant``): the row count
     the batch is padded to with idle rows (None, all-zero KV and mask) after every change, given its
@@ -242,14 +254,7 @@ class DecodeBatch:
             index = torch.tensor(live, device=self.mask_BT.device)
             self.mask_BT, first = self._trimmed_mask(index)
             for layer in self.cache.layers:
-                width = self.mask_BT.shape[1]
-                layer.set(
-                    layer.keys[index, :, first:],
-                    layer.values[index, :, first:],
-                    rows=self.capacity,
-                    left=width,
-                    right=width,
-                )
+                layer.keep_rows(index, first)
             self.rows = [self.rows[i] for i in live]
             self.blocks = [self.blocks[i] for i in live]
             self._pad_rows()

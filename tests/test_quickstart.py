@@ -35,7 +35,10 @@ def test_sampling_overlaps_the_update_unless_sync(tmp_path, monkeypatch):
     assert config.rollout.share_model is False  # the engine samples from its own copy meanwhile
     assert config.trainer.torch_threads == 4  # the engine's thread and the learner's split the cores
     assert config.algorithm.old_logprobs == "sampler"  # the stale samples' correction
-    assert config.rollout.max_batch_size == 16 * 8  # one step's rows
+    # One batch holds the 400 held-out episodes; a larger evaluation is capped.
+    assert config.rollout.max_batch_size == 400
+    big = _parse(["--eval-tasks", "1000"])
+    assert quickstart.rl_config(big, quickstart._settings(big), tmp_path)["rollout"]["max_batch_size"] == 512
 
     args = _parse(["--sync", "--threads", "2"])
     config = config_from_dict(quickstart.rl_config(args, quickstart._settings(args), tmp_path))

@@ -39,6 +39,10 @@ HELP = (
 DEFAULTS = {"sft_demos": 800, "sft_epochs": 3, "rl_steps": 12, "eval_tasks": 100}
 QUICK = {"sft_demos": 800, "sft_epochs": 3, "rl_steps": 6, "eval_tasks": 50}
 EVAL_SAMPLES = 4  # sampled episodes per held-out task
+# The most episodes sampled at once: the held-out evaluation's 400 run as one batch (16 s -> 13 s on
+# the quickstart's warm start, 2 idle cores, against batches of 128), while a large --eval-tasks
+# does not hold thousands of KV caches.
+MAX_BATCH_ROWS = 512
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,12 +174,14 @@ def rl_config(args: argparse.Namespace, settings: dict, out: Path) -> dict:
         threads=args.threads,
     )
     overlap = overlap_settings(args)
-    # The batch stays at one step's rows (rl_settings'). The held-out evaluation's 400 episodes ran
-    # 16 s -> 13 s in one batch of 400, but every buffer the HF engine re-lays is max_batch_size rows,
-    # and the batch-invariant engine (trainer.deterministic) re-lays at every longer joining prompt:
-    # with 400 its decode took 3x as long (benchmarks/HISTORY.md).
+    train_rows = args.tasks_per_step * args.group_size
+    eval_rows = settings["eval_tasks"] * EVAL_SAMPLES
     return {
-        "rollout": {**rl["rollout"], **overlap.get("rollout", {})},
+        "rollout": {
+            **rl["rollout"],
+            **overlap.get("rollout", {}),
+            "max_batch_size": max(train_rows, min(eval_rows, MAX_BATCH_ROWS)),
+        },
         "algorithm": rl["algorithm"],
         "trainer": {**rl["trainer"], **overlap.get("trainer", {})},
         "model": {"path": str(out / "sft_model")},

@@ -138,6 +138,24 @@ def test_a_deterministic_rerun_in_another_process_is_bitwise_equal(reference, tm
     assert _differences(run, rerun) == []
 
 
+@pytest.mark.slow
+def test_a_deterministic_async_run_is_bitwise_equal_to_its_rerun(tmp_path, tiny_checkpoint):
+    """The mode's cheapest schedule (docs/training.md, Cost): sampling step k+1 from its own copy of
+    the weights while step k updates, without partial rollouts. Which weights each rollout samples
+    from is set by the schedule, not by timing, so two runs agree to the bit."""
+    config = _config(
+        tmp_path, tiny_checkpoint, deterministic=True, mode="async", max_staleness=1, partial_rollouts=False
+    )
+    settings = yaml.safe_load(config.read_text())
+    settings["rollout"]["share_model"] = False  # the engine samples from its own copy meanwhile
+    settings["algorithm"] = {"old_logprobs": "sampler"}  # the ratio against the stale sampler
+    config.write_text(yaml.safe_dump(settings))
+    runs = [tmp_path / "run", tmp_path / "rerun"]
+    for process in [_start(config, run) for run in runs]:  # side by side: other timings, other batches
+        _finish(process)
+    assert _differences(*runs) == []
+
+
 # A kill point: (environment for the run, the file that appears once the run is there).
 RESETS_PER_STEP = 2 * 3  # tasks_per_step x rollout.n
 

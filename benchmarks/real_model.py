@@ -174,7 +174,9 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="smoke sizes: 8 held-out tasks, one RL step")
     parser.add_argument(
-        "--deterministic", action="store_true", help="trainer.deterministic: true (bitwise; its cost per step)"
+        "--deterministic",
+        action="store_true",
+        help="trainer.deterministic: true (bitwise; its cost per step)",
     )
     args = parser.parse_args()
     if args.quick:

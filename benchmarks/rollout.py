@@ -335,6 +335,7 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         "decode_matmul": {},
         "bounds": {},
         "rows": [],
+        "hf_phases": {},  # the HF engine's own account of each timed rollout
     }
     for batch in args.batch:
         rate = matmul_rate(batch, shape.hidden, shape.intermediate, args.repeats)
@@ -349,11 +350,17 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         progress(f"{name}: HFEngine at batch {batch}")
         engine = HFEngine(model, eos_token_ids=(), max_batch_size=batch)
         asyncio.run(engine_rollout(engine, warmup, user_ids, 1, 4))
+        before = engine.prefill_seconds, engine.decode_seconds, engine.decode_steps
         timings[batch, "HFEngine"] = timed_rollout(
             lambda e=engine, p=sets[batch]: asyncio.run(
                 engine_rollout(e, p, user_ids, args.turns, args.new_tokens)
             )
         )
+        result["hf_phases"][batch] = {
+            "prefill_seconds": engine.prefill_seconds - before[0],
+            "decode_seconds": engine.decode_seconds - before[1],
+            "decode_steps": engine.decode_steps - before[2],
+        }
         if args.naive:
             progress(f"{name}: naive model.generate at batch {batch}")
             naive_rollout(model, warmup[:1], user_ids, 1, 4, tokenizer.pad_token_id)
@@ -439,6 +446,14 @@ def print_model(result: dict, args, limits: dict) -> None:
             f"| {row['batch']} | {row['engine']} | {row['tokens']} | {row['seconds']:.2f} | "
             f"{row['tokens_per_s']:.0f} | {row['compute_fraction']:.1%} | {row['memory_fraction']:.1%} | "
             f"{ratio} |"
+        )
+    for batch, phases in result["hf_phases"].items():
+        prefilled, steps = result["bounds"][batch]["prefilled"], phases["decode_steps"]
+        prefill, decode = phases["prefill_seconds"], phases["decode_seconds"]
+        print(
+            f"HFEngine at batch {batch}: prefill {prefill:.2f} s ({prefilled} tokens, "
+            f"{prefilled / prefill:.0f} tokens/s), decode {decode:.2f} s ({steps} steps of "
+            f"{decode / steps * 1e3:.1f} ms; sampling and retiring included)"
         )
     print(f"\nvLLM: {result['vllm']}")
 

@@ -101,6 +101,14 @@ def test_rollout_quick(tmp_path):
         line.strip("|").split("|") for line in lines if line.startswith("| 4 ") or line.startswith("| 8 ")
     ]
     assert len(cells) == 4 and all(is_number(c.strip()) for row in cells for c in row[2:7]), cells
+    # The HF engine's own account of each timed rollout: where its seconds went, how many steps.
+    for batch in (4, 8):
+        phases = model["hf_phases"][str(batch)]
+        # Each turn's first token comes from its prefill: at least 7 decode steps per turn (more if
+        # the batch's rows did not all join at once), each within the timed rollout's seconds.
+        assert phases["decode_steps"] >= 2 * 7, phases
+        assert 0 < phases["prefill_seconds"] + phases["decode_seconds"] <= rows[batch, "HFEngine"]["seconds"]
+        assert f"HFEngine at batch {batch}: prefill " in out, out
 
 
 def test_rollout_bounds_by_hand(monkeypatch):

@@ -107,7 +107,8 @@ class HFEngine:
     limit (default: ``config.max_position_embeddings``). ``prefix_cache_entries``: how many finished
     sequences keep their KV for a next turn that extends them (default ``max_batch_size``; 0: off).
     ``prefix_hits`` counts prompts that reused one; ``shared_prefills`` counts prompts that joined
-    together with an identical one and were prefilled once for both. ``cascade_attention``: hold
+    together with an identical one and were prefilled once for both; ``decode_steps`` counts decode
+    forwards (each samples one token for every live row). ``cascade_attention``: hold
     such a shared prompt's KV once for all its rows, and attend to it, to the batch's recent columns
     and to the few long rows' older ones apart (``agent_r1.rollout.cascade``; default: on for
     ``sdpa`` models with plain attention in every layer).
@@ -226,6 +227,10 @@ class HFEngine:
     @property
     def shared_prefills(self) -> int:
         return self._scheduler.shared_prefills
+
+    @property
+    def decode_steps(self) -> int:
+        return self._scheduler.decode_steps
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs) -> HFEngine:

@@ -141,7 +141,8 @@ class Scheduler:
     attention kernel; ``finish``: the engine's hand-back to callers; ``batch_invariant``: decode as
     ``agent_r1.rollout.batch_invariant`` says, every row's result independent of its batch). ``prefix_hits`` counts prompts
     that reused a stored sequence's KV; ``shared_prefills`` counts prompts that joined together with
-    an identical one and were prefilled once for both. Not thread-safe: the engine calls ``step``
+    an identical one and were prefilled once for both; ``decode_steps`` counts decode forwards. Not
+    thread-safe: the engine calls ``step``
     from its scheduler thread only, holding its model lock.
     """
 
@@ -174,6 +175,7 @@ class Scheduler:
         self._stacks = cascade.BlockStacks()
         self.prefix_hits = 0
         self.shared_prefills = 0
+        self.decode_steps = 0
         # (adapter, token ids fed so far: prompt + response[:-1]) -> their block and own KV
         self._prefixes = PrefixStore(prefix_cache_entries, model)
         self.batch_invariant = batch_invariant
@@ -388,6 +390,7 @@ class Scheduler:
         logits_BV = self._forward(
             ids_B1, batch.mask_BT, position_ids_B1, batch.cache, plan, adapters=adapters, rowwise=rowwise
         )
+        self.decode_steps += 1
         live = batch.live_rows
         self._append_samples([batch.rows[i] for i in live], logits_BV[live])
 

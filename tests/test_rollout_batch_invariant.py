@@ -9,6 +9,7 @@ first runs, as ``trainer.deterministic`` does (``agent_r1.train.process.determin
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -106,18 +107,23 @@ def test_a_seeded_request_is_bitwise_the_same_alone_and_among_others(hidden):
     assert any(run[1] != plain[0][1] for run in plain[1:])
 
 
-def test_the_probe_tells_kernels_that_round_a_row_by_batch_size():
-    """At two threads MKL splits a (rows x 576) x (576 x 1536) product by its row count, and a row's
-    bits change with it (measured: up to 57 rows): the engine's start-up probe says so, and the engine
-    would then decode one request at a time. At one thread it finds SmolLM2's shapes invariant (the
-    subprocess of the test above, which would fail on a fallback)."""
+def test_the_probe_tells_kernels_that_round_a_row_by_batch_size(monkeypatch):
+    """A kernel that rounds a row otherwise at one row count the probe tries makes it say no, and the
+    engine would then decode one request at a time. The kernel is a test double (``rounds_at_48``):
+    which real kernels do so is the CPU's and MKL's choice. MKL at two threads did, up to 57 rows, on
+    the hosts measured on 12-06 morning, and did not on that afternoon's host. At one thread the probe
+    finds SmolLM2's shapes invariant (the subprocess of the test above, which would fail on a
+    fallback)."""
     layer = torch.nn.Sequential(torch.nn.Linear(576, 1536), torch.nn.Linear(1536, 576))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        assert not matmuls_invariant(layer, 64)
-    finally:
-        torch.set_num_threads(threads)
+    linear = torch.nn.functional.linear
+
+    def rounds_at_48(x, weight, bias=None):
+        out = linear(x, weight, bias)
+        return torch.nextafter(out, torch.full_like(out, math.inf)) if x.shape[0] == 48 else out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", rounds_at_48)
+    assert not matmuls_invariant(layer, 64)
+    assert matmuls_invariant(layer, 40)  # 48 rows is past what a batch of 40 pads to: not tried
 
 
 def test_batch_invariant_refuses_what_it_cannot_keep():

@@ -9,8 +9,8 @@ reproducible mode at one thread, as ``trainer.deterministic`` runs:
   same for every row count M of at least 16, wherever the row sits, for each of SmolLM2's projections
   and its LM head (at least 6 for the tiny model's 128-wide ones); fewer rows take other kernels and
   round otherwise. With ``COMPATIBLE``: every M that is a multiple of 4 and at least 8. At two threads
-  the result depends on M up to 57 rows for some shapes: invariance is for one thread only, and
-  ``HFEngine`` refuses more.
+  the result depended on M up to 57 rows for some shapes on the hosts measured first (not on every
+  host since): invariance is for one thread only, and ``HFEngine`` refuses more.
 - **the attention**: a left-padded batch puts a row's keys at an offset set by the longest row, and
   the kernel's blocking over keys then sums them in another order.
 - **shared work**: a prompt prefilled together with others is padded; whether a prompt shared by

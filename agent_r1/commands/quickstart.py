@@ -174,7 +174,7 @@ def rl_config(args: argparse.Namespace, settings: dict, out: Path) -> dict:
         threads=args.threads,
     )
     overlap = overlap_settings(args)
-    train_rows = args.tasks_per_step * args.group_size
+    train_rows = rl["rollout"]["max_batch_size"]  # one step's rows
     eval_rows = settings["eval_tasks"] * EVAL_SAMPLES
     return {
         "rollout": {

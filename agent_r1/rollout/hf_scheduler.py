@@ -142,8 +142,7 @@ class Scheduler:
     ``agent_r1.rollout.batch_invariant`` says, every row's result independent of its batch). ``prefix_hits`` counts prompts
     that reused a stored sequence's KV; ``shared_prefills`` counts prompts that joined together with
     an identical one and were prefilled once for both; ``decode_steps`` counts decode forwards. Not
-    thread-safe: the engine calls ``step``
-    from its scheduler thread only, holding its model lock.
+    thread-safe: the engine calls ``step`` from its scheduler thread only, holding its model lock.
     """
 
     def __init__(

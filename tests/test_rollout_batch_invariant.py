@@ -107,7 +107,7 @@ def test_a_seeded_request_is_bitwise_the_same_alone_and_among_others(hidden):
     assert any(run[1] != plain[0][1] for run in plain[1:])
 
 
-def test_the_probe_tells_kernels_that_round_a_row_by_batch_size(monkeypatch):
+def test_the_probe_tells_kernels_that_round_a_row_by_batch_size():
     """A kernel that rounds a row otherwise at one row count the probe tries makes it say no, and the
     engine would then decode one request at a time. The kernel is a test double (``rounds_at_48``):
     which real kernels do so is the CPU's and MKL's choice. MKL at two threads did, up to 57 rows, on
@@ -121,9 +121,8 @@ def test_the_probe_tells_kernels_that_round_a_row_by_batch_size(monkeypatch):
         out = linear(x, weight, bias)
         return torch.nextafter(out, torch.full_like(out, math.inf)) if x.shape[0] == 48 else out
 
-    monkeypatch.setattr(torch.nn.functional, "linear", rounds_at_48)
-    assert not matmuls_invariant(layer, 64)
-    assert matmuls_invariant(layer, 40)  # 48 rows is past what a batch of 40 pads to: not tried
+    assert not matmuls_invariant(layer, 64, rounds_at_48)
+    assert matmuls_invariant(layer, 40, rounds_at_48)  # 48 rows is past what a batch of 40 pads to
 
 
 def test_batch_invariant_refuses_what_it_cannot_keep():

@@ -41,10 +41,11 @@ and leave at other times.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from agent_r1.models.attention import refuse_unplain, route_sdpa
@@ -72,23 +73,26 @@ def padded_rows(rows: int) -> int:
     return max(MIN_ROWS, -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE)
 
 
-def matmuls_invariant(model: torch.nn.Module, capacity: int) -> bool:
+def matmuls_invariant(
+    model: torch.nn.Module, capacity: int, linear: Callable[[Tensor, Tensor], Tensor] = F.linear
+) -> bool:
     """Whether every distinct weight shape of ``model``'s linear layers (the LM head included) gives
     each row the same bits at every padded row count up to ``capacity``'s, wherever the row sits:
-    random rows, compared with one product over all of them."""
+    random rows, compared with one product over all of them, by ``linear`` (the engine's: ``F.linear``
+    or ``agent_r1.rollout.packed_linear``'s)."""
     shapes = {m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)}
     most = padded_rows(capacity)
     dtype = next(model.parameters()).dtype
     generator = torch.Generator().manual_seed(0)
-    for shape in shapes:
-        weight = torch.randn(shape, generator=generator, dtype=dtype)
-        x = torch.randn(most, shape[1], generator=generator, dtype=dtype)
-        whole = torch.nn.functional.linear(x, weight)
-        for rows in range(MIN_ROWS, most + 1, ROW_MULTIPLE):
-            for start in {0, most - rows}:
-                part = torch.nn.functional.linear(x[start : start + rows], weight)
-                if not torch.equal(part, whole[start : start + rows]):
-                    return False
+    with torch.no_grad():
+        for shape in shapes:
+            weight = torch.randn(shape, generator=generator, dtype=dtype)
+            x = torch.randn(most, shape[1], generator=generator, dtype=dtype)
+            whole = linear(x, weight)
+            for rows in range(MIN_ROWS, most + 1, ROW_MULTIPLE):
+                for start in {0, most - rows}:
+                    if not torch.equal(linear(x[start : start + rows], weight), whole[start : start + rows]):
+                        return False
     return True
 
 

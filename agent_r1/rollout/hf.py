@@ -31,10 +31,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from agent_r1.rollout import cascade
+from agent_r1.rollout import cascade, packed_linear
 from agent_r1.rollout.base import LoraWeights, NamedTensors
 from agent_r1.rollout.batch_invariant import matmuls_invariant, refuse_settings
 from agent_r1.rollout.hf_scheduler import Request, Scheduler
+from agent_r1.rollout.packed_linear import PackedLinears
 from agent_r1.rollout.prefix_store import BASE_ADAPTER
 from agent_r1.rollout.prompt_checks import refuse_prompt, refuse_role
 from agent_r1.types import Completion, SamplingParams, StopReason
@@ -91,6 +92,17 @@ def _role_adapters(model: PreTrainedModel, roles: dict[str, str | None]) -> dict
     return adapters
 
 
+def _packed_linears(asked: bool | None, device: torch.device) -> bool:
+    """Whether the engine's forwards run packed linears: ``asked`` (None: wherever possible)."""
+    possible = device.type == "cpu" and packed_linear.available()
+    if asked and not possible:
+        raise ValueError(
+            f"HFEngine(packed_linears=True) runs oneDNN's packed linear on the CPU; this engine is on "
+            f"{device.type}{'' if device.type != 'cpu' else ' and this torch build has no oneDNN linear'}"
+        )
+    return possible if asked is None else asked
+
+
 def _resolve(future: asyncio.Future, completion: Completion) -> None:
     if not future.done():
         future.set_result(completion)
@@ -129,6 +141,11 @@ class HFEngine:
     finished turn is stored (``prefix_cache_entries`` None: no limit, until the weights change; 0: no
     reuse). CPU at one torch thread, ``sdpa`` models with plain attention only (else ValueError).
 
+    ``packed_linears``: run the engine's forwards' linear layers through oneDNN on weights packed once
+    per weight version (``agent_r1.rollout.packed_linear``; fp32 on the CPU; the packed copies cost the
+    linear weights' memory once more). Default: on for a CPU engine where this torch build has it;
+    True where it has not raises ValueError.
+
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the
     rest of the time it waits for requests or for a weight update (a few clock reads per scheduler
@@ -149,6 +166,7 @@ class HFEngine:
         cascade_attention: bool | None = None,
         roles: Mapping[str, str | None] | None = None,
         batch_invariant: bool = False,
+        packed_linears: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
@@ -168,11 +186,13 @@ class HFEngine:
         self.weight_version: int | None = None
         attn_implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
         can_share = attn_implementation == "sdpa" and cascade.plain_attention(model.config)
+        self.packed_linears = _packed_linears(packed_linears, self.device)
+        linears = PackedLinears(self.packed_linears)
         self.batch_invariant = batch_invariant
         if batch_invariant:
             refuse_settings(self.device, can_share, cascade_attention, prefix_cache_entries, roles)
             cascade_attention = False
-            if not matmuls_invariant(self.model, max_batch_size):
+            if not matmuls_invariant(self.model, max_batch_size, linears.linear):
                 log.warning(
                     "HFEngine(batch_invariant=True): this CPU's matmul kernels round a row differently at "
                     "different batch sizes; decoding one request at a time instead (exact, and slower)"
@@ -203,6 +223,7 @@ class HFEngine:
             attn_implementation=attn_implementation,
             finish=self._finish,
             batch_invariant=batch_invariant,
+            linears=linears,
         )
         self._waiting: list[Request] = []
         self._wakeup = threading.Condition()

@@ -37,6 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from agent_r1.rollout import batch_invariant as invariant
 from agent_r1.rollout import cascade
 from agent_r1.rollout.kv_cache import DecodeBatch, new_cache
+from agent_r1.rollout.packed_linear import PackedLinears
 from agent_r1.rollout.prefix_store import BASE_ADAPTER, PrefixStore, PromptKey, StoredPrefix
 from agent_r1.rollout.sampling import sample_next_tokens
 from agent_r1.types import SamplingParams, StopReason
@@ -158,6 +159,7 @@ class Scheduler:
         attn_implementation: str,
         finish: Finish,
         batch_invariant: bool = False,
+        linears: PackedLinears | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -171,6 +173,7 @@ class Scheduler:
         forward_params = inspect.signature(base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self._finish = finish
+        self._linears = PackedLinears(False) if linears is None else linears
         self._stacks = cascade.BlockStacks()
         self.prefix_hits = 0
         self.shared_prefills = 0
@@ -215,17 +218,18 @@ class Scheduler:
         """The next-token logits (B, V) of every row; row ``i`` runs adapter ``adapters[i]`` (None:
         a finished row, or an engine that runs the model as it is; no adapters: all run it as it is).
         ``plan``: a ``cascade.CascadePlan``; ``rowwise``: a ``batch_invariant.RowSpans``."""
-        out = self.model(
-            input_ids=input_ids_BS,
-            attention_mask=self._attention_mask(mask_BT, input_ids_BS.shape[1]),
-            position_ids=position_ids_BS,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kwarg: cache},
-            **({} if plan is None else {"cascade": plan}),
-            **({} if rowwise is None else {"rowwise": rowwise}),
-            **self._adapter_names(adapters),
-        )
+        with self._linears.active():
+            out = self.model(
+                input_ids=input_ids_BS,
+                attention_mask=self._attention_mask(mask_BT, input_ids_BS.shape[1]),
+                position_ids=position_ids_BS,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kwarg: cache},
+                **({} if plan is None else {"cascade": plan}),
+                **({} if rowwise is None else {"rowwise": rowwise}),
+                **self._adapter_names(adapters),
+            )
         return out.logits[:, -1, :]  # (B, V)
 
     def _adapter_names(self, adapters: list[str | None]) -> dict[str, list[str]]:

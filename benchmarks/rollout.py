@@ -20,9 +20,13 @@ warm-up) has trajectories of its own, so that no run finds its prompts in a cach
   itself and keep a core for its scheduler); its engine start-up is reported apart, not counted.
 - naive (``--naive``): each trajectory, one after another, calls ``model.generate`` alone for each
   turn, with per-token scores as an RL sampler needs the log-probs.
+- ``HFEngine, F.linear`` (``--unpacked``): the HF engine with ``packed_linears=False``, its linears
+  through ``F.linear`` as before issue 51's packing, for a before/after in one run.
 
 Machine limits, measured in the same run at the run's torch thread count (``--threads``), printed
-first (``benchmarks/roofline.py``): the ``torch.mm`` fp32 peak P on ``--mm-size`` square matrices,
+first (``benchmarks/roofline.py``): the fp32 peak P on ``--mm-size`` square matrices, the larger of
+``torch.mm`` (MKL) and oneDNN's linear on a packed weight (what the HF engine's linears run on the CPU;
+it was the faster one on this machine, so a peak from ``torch.mm`` alone would flatter the engines),
 a decode-shaped matmul (B, hidden) x (hidden, intermediate) of each model at each B (shown, not used
 in the bounds), and the memory bandwidth W: the larger of a ``torch.sum`` read and a copy (read +
 write) of a ``--bandwidth-mib`` fp32 tensor.
@@ -346,21 +350,25 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         result["bounds"][batch] = asdict(bounds)
 
     timings: dict[tuple[int, str], tuple[int, float]] = {}
+    variants = [("HFEngine", {})] + (
+        [("HFEngine, F.linear", {"packed_linears": False})] if args.unpacked else []
+    )
     for batch in args.batch:
-        progress(f"{name}: HFEngine at batch {batch}")
-        engine = HFEngine(model, eos_token_ids=(), max_batch_size=batch)
-        asyncio.run(engine_rollout(engine, warmup, user_ids, 1, 4))
-        before = engine.prefill_seconds, engine.decode_seconds, engine.decode_steps
-        timings[batch, "HFEngine"] = timed_rollout(
-            lambda e=engine, p=sets[batch]: asyncio.run(
-                engine_rollout(e, p, user_ids, args.turns, args.new_tokens)
+        for engine_name, kwargs in variants:
+            progress(f"{name}: {engine_name} at batch {batch}")
+            engine = HFEngine(model, eos_token_ids=(), max_batch_size=batch, **kwargs)
+            asyncio.run(engine_rollout(engine, warmup, user_ids, 1, 4))
+            before = engine.prefill_seconds, engine.decode_seconds, engine.decode_steps
+            timings[batch, engine_name] = timed_rollout(
+                lambda e=engine, p=sets[batch]: asyncio.run(
+                    engine_rollout(e, p, user_ids, args.turns, args.new_tokens)
+                )
             )
-        )
-        result["hf_phases"][batch] = {
-            "prefill_seconds": engine.prefill_seconds - before[0],
-            "decode_seconds": engine.decode_seconds - before[1],
-            "decode_steps": engine.decode_steps - before[2],
-        }
+            result["hf_phases"].setdefault(batch, {})[engine_name] = {
+                "prefill_seconds": engine.prefill_seconds - before[0],
+                "decode_seconds": engine.decode_seconds - before[1],
+                "decode_steps": engine.decode_steps - before[2],
+            }
         if args.naive:
             progress(f"{name}: naive model.generate at batch {batch}")
             naive_rollout(model, warmup[:1], user_ids, 1, 4, tokenizer.pad_token_id)
@@ -392,7 +400,7 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         if (batch, "VLLMEngine") in timings:
             tokens, seconds = timings[batch, "VLLMEngine"]
             vllm_rate = tokens / seconds
-        for engine_name in ("HFEngine", "VLLMEngine", "naive generate"):
+        for engine_name in ("HFEngine", "HFEngine, F.linear", "VLLMEngine", "naive generate"):
             if (batch, engine_name) not in timings:
                 continue
             tokens, seconds = timings[batch, engine_name]
@@ -447,14 +455,15 @@ def print_model(result: dict, args, limits: dict) -> None:
             f"{row['tokens_per_s']:.0f} | {row['compute_fraction']:.1%} | {row['memory_fraction']:.1%} | "
             f"{ratio} |"
         )
-    for batch, phases in result["hf_phases"].items():
-        prefilled, steps = result["bounds"][batch]["prefilled"], phases["decode_steps"]
-        prefill, decode = phases["prefill_seconds"], phases["decode_seconds"]
-        print(
-            f"HFEngine at batch {batch}: prefill {prefill:.2f} s ({prefilled} tokens, "
-            f"{prefilled / prefill:.0f} tokens/s), decode {decode:.2f} s ({steps} steps of "
-            f"{decode / steps * 1e3:.1f} ms; sampling and retiring included)"
-        )
+    for batch, engines in result["hf_phases"].items():
+        for engine_name, phases in engines.items():
+            prefilled, steps = result["bounds"][batch]["prefilled"], phases["decode_steps"]
+            prefill, decode = phases["prefill_seconds"], phases["decode_seconds"]
+            print(
+                f"{engine_name} at batch {batch}: prefill {prefill:.2f} s ({prefilled} tokens, "
+                f"{prefilled / prefill:.0f} tokens/s), decode {decode:.2f} s ({steps} steps of "
+                f"{decode / steps * 1e3:.1f} ms; sampling and retiring included)"
+            )
     print(f"\nvLLM: {result['vllm']}")
 
 
@@ -480,6 +489,9 @@ def main() -> None:
     parser.add_argument("--bandwidth-mib", type=int, default=512, help="tensor of the bandwidth test")
     parser.add_argument("--repeats", type=int, default=5, help="timings per limit (median)")
     parser.add_argument("--naive", action="store_true", help="also one model.generate per trajectory")
+    parser.add_argument(
+        "--unpacked", action="store_true", help="also the HF engine with packed_linears=False"
+    )
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM even if .venv-vllm exists")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
     parser.add_argument(
@@ -500,24 +512,34 @@ def main() -> None:
         vllm_worker(args)
         return
 
-    from roofline import memory_bandwidth, mm_peak
+    from roofline import memory_bandwidth, mm_peak, packed_peak
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     progress(
         f"limits: torch.mm {args.mm_size}^2 and a {args.bandwidth_mib} MiB tensor, {args.threads} threads"
     )
-    peak = mm_peak(args.mm_size, args.repeats)
+    mm, packed = mm_peak(args.mm_size, args.repeats), packed_peak(args.mm_size, args.repeats)
+    peak = max(mm, packed or 0.0)
     read, copy = memory_bandwidth(args.bandwidth_mib, args.repeats)
-    limits = {"peak": peak, "bandwidth": max(read, copy), "read": read, "copy": copy}
+    limits = {
+        "peak": peak,
+        "mm": mm,
+        "packed": packed,
+        "bandwidth": max(read, copy),
+        "read": read,
+        "copy": copy,
+    }
     machine = (
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
         f"({args.threads} threads), python {platform.python_version()}, "
         f"load average {os.getloadavg()[0]:.1f}"
     )
     print(machine)
+    packed_text = "unavailable" if packed is None else f"{packed / 1e9:.1f}"
     print(
-        f"compute peak: {peak / 1e9:.1f} GFLOP/s (torch.mm {args.mm_size}^2 fp32, median of {args.repeats})"
+        f"compute peak: {peak / 1e9:.1f} GFLOP/s, the larger of torch.mm {mm / 1e9:.1f} and oneDNN's packed "
+        f"linear {packed_text} ({args.mm_size}^2 fp32, median of {args.repeats})"
     )
     print(
         f"memory bandwidth: {limits['bandwidth'] / 1e9:.1f} GB/s (sum of a {args.bandwidth_mib} MiB fp32 "

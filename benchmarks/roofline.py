@@ -2,6 +2,8 @@
 benchmark scripts beside it, which compare what they achieve against these).
 
 - ``mm_peak``: the fp32 matrix-multiply peak, ``torch.mm`` of two square matrices (2 x size^3 FLOPs).
+- ``packed_peak``: the same product through oneDNN on a packed weight (``_linear_pointwise``, what
+  the HF engine's linears run on the CPU: ``agent_r1.rollout.packed_linear``), or None without it.
 - ``matmul_rate``: the FLOP/s of one given shape, e.g. a decode step's (batch, hidden) x
   (hidden, intermediate), which is far from square.
 - ``memory_bandwidth``: bytes per second read by ``torch.sum`` of a large fp32 tensor and moved by a
@@ -34,6 +36,19 @@ def mm_peak(size: int, repeats: int) -> float:
     """FLOP/s of ``torch.mm`` of two (size, size) fp32 matrices: 2 x size^3 per product."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     return 2 * size**3 / timed(lambda: torch.mm(a, b), repeats)
+
+
+def packed_peak(size: int, repeats: int) -> float | None:
+    """FLOP/s of the (size, size) fp32 product as oneDNN's linear on a weight packed once; None where
+    this torch build lacks it."""
+    from agent_r1.rollout import packed_linear
+
+    if not packed_linear.available():
+        return None
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    linears = packed_linear.PackedLinears(True)
+    with torch.no_grad():
+        return 2 * size**3 / timed(lambda: linears.linear(a, b), repeats)
 
 
 def matmul_rate(rows: int, inner: int, cols: int, repeats: int) -> float:

@@ -75,8 +75,11 @@ def test_logprob_memory_quick():
 
 def test_rollout_quick(tmp_path):
     """benchmarks/rollout.py at smoke sizes without vLLM: the machine's limits printed first, then the
-    HF engine at each batch size with its fractions of the compute and memory bounds, also as JSON."""
-    out = run_script("rollout.py", "--quick", "--no-vllm", "--naive", "--json", str(tmp_path / "r.json"))
+    HF engine (with packed linears, and without: ``--unpacked``) at each batch size with its fractions
+    of the compute and memory bounds, also as JSON."""
+    out = run_script(
+        "rollout.py", "--quick", "--no-vllm", "--naive", "--unpacked", "--json", str(tmp_path / "r.json")
+    )
     lines = out.splitlines()
     assert lines[1].startswith("compute peak: ") and lines[2].startswith("memory bandwidth: "), out
     header = table_row(out, "batch")
@@ -93,22 +96,25 @@ def test_rollout_quick(tmp_path):
     (model,) = report["models"]
     assert model["model"] == "tiny" and model["vllm"] == "skipped (--no-vllm)"
     rows = {(r["batch"], r["engine"]): r for r in model["rows"]}
-    assert set(rows) == {(b, e) for b in (4, 8) for e in ("HFEngine", "naive generate")}
+    engines = ("HFEngine", "HFEngine, F.linear", "naive generate")
+    assert set(rows) == {(b, e) for b in (4, 8) for e in engines}
     for (batch, _), row in rows.items():
         assert row["tokens"] == batch * 2 * 8  # trajectories x turns x new tokens, every engine
         assert row["compute_fraction"] > 0 and row["memory_fraction"] > 0 and row["vs_vllm"] is None
     cells = [
         line.strip("|").split("|") for line in lines if line.startswith("| 4 ") or line.startswith("| 8 ")
     ]
-    assert len(cells) == 4 and all(is_number(c.strip()) for row in cells for c in row[2:7]), cells
+    assert len(cells) == 6 and all(is_number(c.strip()) for row in cells for c in row[2:7]), cells
+    assert report["limits"]["peak"] == max(report["limits"]["mm"], report["limits"]["packed"] or 0)
     # The HF engine's own account of each timed rollout: where its seconds went, how many steps.
     for batch in (4, 8):
-        phases = model["hf_phases"][str(batch)]
-        # Each turn's first token comes from its prefill: at least 7 decode steps per turn (more if
-        # the batch's rows did not all join at once), each within the timed rollout's seconds.
-        assert phases["decode_steps"] >= 2 * 7, phases
-        assert 0 < phases["prefill_seconds"] + phases["decode_seconds"] <= rows[batch, "HFEngine"]["seconds"]
-        assert f"HFEngine at batch {batch}: prefill " in out, out
+        for engine in ("HFEngine", "HFEngine, F.linear"):
+            phases = model["hf_phases"][str(batch)][engine]
+            # Each turn's first token comes from its prefill: at least 7 decode steps per turn (more if
+            # the batch's rows did not all join at once), each within the timed rollout's seconds.
+            assert phases["decode_steps"] >= 2 * 7, phases
+            assert 0 < phases["prefill_seconds"] + phases["decode_seconds"] <= rows[batch, engine]["seconds"]
+            assert f"{engine} at batch {batch}: prefill " in out, out
 
 
 def test_rollout_bounds_by_hand(monkeypatch):

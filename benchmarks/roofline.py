@@ -46,7 +46,7 @@ def packed_peak(size: int, repeats: int) -> float | None:
     if not packed_linear.available():
         return None
     a, b = torch.randn(size, size), torch.randn(size, size)
-    linears = packed_linear.PackedLinears(True)
+    linears = packed_linear.PackedLinears(None)
     with torch.no_grad():
         return 2 * size**3 / timed(lambda: linears.linear(a, b), repeats)
 

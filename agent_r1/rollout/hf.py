@@ -141,10 +141,11 @@ class HFEngine:
     finished turn is stored (``prefix_cache_entries`` None: no limit, until the weights change; 0: no
     reuse). CPU at one torch thread, ``sdpa`` models with plain attention only (else ValueError).
 
-    ``packed_linears``: run the engine's forwards' linear layers through oneDNN on weights packed once
-    per weight version (``agent_r1.rollout.packed_linear``; fp32 on the CPU; the packed copies cost the
-    linear weights' memory once more). Default: on for a CPU engine where this torch build has it;
-    True where it has not raises ValueError.
+    ``packed_linears``: run the engine's forwards' large linear layers (fp32 weights of at least 2^18
+    elements) through oneDNN on weights packed once per weight version
+    (``agent_r1.rollout.packed_linear``; the packed copies cost those weights' memory once more).
+    Default: on for a CPU engine where this torch build has it; True where it has not raises
+    ValueError.
 
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the
@@ -187,7 +188,7 @@ class HFEngine:
         attn_implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
         can_share = attn_implementation == "sdpa" and cascade.plain_attention(model.config)
         self.packed_linears = _packed_linears(packed_linears, self.device)
-        linears = PackedLinears(self.packed_linears)
+        linears = PackedLinears(self.model, self.packed_linears)
         self.batch_invariant = batch_invariant
         if batch_invariant:
             refuse_settings(self.device, can_share, cascade_attention, prefix_cache_entries, roles)

@@ -173,7 +173,7 @@ class Scheduler:
         forward_params = inspect.signature(base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self._finish = finish
-        self._linears = PackedLinears(False) if linears is None else linears
+        self._linears = PackedLinears(None) if linears is None else linears
         self._stacks = cascade.BlockStacks()
         self.prefix_hits = 0
         self.shared_prefills = 0

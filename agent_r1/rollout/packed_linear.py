@@ -1,20 +1,23 @@
-"""The HF engine's linear layers on the CPU through oneDNN, each weight packed once per version.
+"""The HF engine's large linear layers on the CPU through oneDNN, each weight packed once per version.
 
-``F.linear`` on the CPU is MKL's sgemm, which re-reads the weight in its plain (out, in) layout at
-every call. oneDNN's ``_linear_pointwise`` on a weight reordered once into its own blocked layout
-(``_reorder_linear_weight``, what inductor's CPU weight prepacking uses) was faster at every row count
-measured on this machine (2 threads, fp32; SmolLM2-135M's seven projection shapes over 30 layers,
-each weight read from memory as in a forward): 5.6 -> 7.5 GFLOP/s at 1 row, 90 -> 134 at 32 (a
-decode step), 157 -> 192 at 400, 165 -> 188 at 3,945 (a prefill forward). Whole rollouts: see
-``benchmarks/HISTORY.md`` (issue 51).
+``F.linear`` on the CPU is MKL's sgemm, which reads the weight in its plain (out, in) layout at every
+call. oneDNN's ``_linear_pointwise`` on a weight reordered once into its own blocked layout
+(``_reorder_linear_weight``, what inductor's CPU weight prepacking uses) was faster on this machine
+(2 threads, fp32) for SmolLM2-135M's projections at every row count from 1 to 3,945, each weight read
+from memory as in a forward: 5.6 -> 7.5 GFLOP/s at 1 row, 90 -> 134 at 32 (a decode step), 157 -> 192
+at 400, 165 -> 188 at 3,945 (a prefill forward); its 49,152 x 576 LM head at 32 rows took 10.7 ms
+against 27.4. A oneDNN call costs ~15 us more than MKL's, so small weights lose (the quickstart's
+tiny model, every weight at most 384 x 128, decoded ~15% slower): only weights of at least
+``MIN_ELEMENTS`` are packed, and a model with none runs exactly as before.
 
-``PackedLinears.active()`` is a torch function mode (per thread) entered around the engine's own
-forwards only: inside it every ``F.linear`` without autograd on a CPU fp32 weight runs the packed
-kernel; everything else (a learner's forward under autograd, another thread's forward on a shared
-model) runs ``F.linear`` unchanged. A weight is packed the first time a forward meets it and again
-whenever it was written since (its version counter moved, as ``update_weights`` or an optimizer step
-on a shared model moves it, or its storage was replaced), so LoRA adapters and weight updates are
-followed. The packed copies cost the linear weights' memory once more.
+``PackedLinears(model)`` finds those layers (plain ``nn.Linear`` modules whose ``forward`` is not
+already replaced, e.g. by accelerate's hooks); ``active()``, entered around the engine's own forwards,
+gives each of them a ``forward`` of its own for the duration (an instance attribute, removed on exit),
+which runs the packed kernel for the calling thread without autograd and ``F.linear`` otherwise (a
+forward under autograd, or another thread's, is unchanged). A weight is packed the first time a
+forward meets it and again whenever it was written since (its version counter moved, as
+``update_weights`` or an optimizer step on a shared model moves it, or its storage was replaced).
+The packed copies cost those weights' memory once more.
 
 The results differ from ``F.linear``'s by float rounding (the kernels sum in another order: ~3e-6 on
 SmolLM2's projections); the engine-vs-learner log-prob tests hold at their tolerance. A row's result
@@ -27,16 +30,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import types
 import weakref
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-__all__ = ["PackedLinears", "available"]
+__all__ = ["MIN_ELEMENTS", "PackedLinears", "available"]
 
 log = logging.getLogger(__name__)
+
+MIN_ELEMENTS = 2**18
+"""The smallest weight (out x in elements, 1 MiB in fp32) that is packed: below it MKL's lower call
+overhead won (``benchmarks/HISTORY.md``, issue 51)."""
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -48,15 +56,24 @@ def available() -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     try:
-        weight = torch.ones(4, 4)
         with torch.no_grad():
-            out = _packed_linear(
-                torch.ones(2, 4), torch.ops.mkldnn._reorder_linear_weight(weight, None), None
-            )
+            packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4), None)
+            out = _packed_linear(torch.ones(2, 4), packed, None)
     except (AttributeError, RuntimeError) as error:  # an op missing from this build, or refused
         log.info("oneDNN packed linear unavailable (%s); the engine runs F.linear", error)
         return False
     return bool(torch.equal(out, torch.full((2, 4), 4.0)))
+
+
+def packable(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is one this module packs: a 2D fp32 CPU tensor of at least ``MIN_ELEMENTS``."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and weight.layout == torch.strided
+        and weight.numel() >= MIN_ELEMENTS
+    )
 
 
 class _Pack:
@@ -75,52 +92,57 @@ class _Pack:
 
 
 class PackedLinears:
-    """The packed weights of one engine's model (``enabled`` False: ``active`` does nothing and
-    ``linear`` is ``F.linear``). Not thread-safe: the engine's scheduler thread alone uses it."""
+    """The packed weights of ``model``'s large linear layers (None: no layers, ``linear`` alone;
+    ``enabled`` False: ``active`` does nothing and ``linear`` is ``F.linear``). Not thread-safe: one
+    thread (the engine's scheduler) enters ``active`` at a time."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, model: torch.nn.Module | None, enabled: bool = True) -> None:
         self.enabled = enabled
+        modules = [] if model is None or not enabled else model.modules()
+        self._modules = [
+            m
+            for m in modules
+            if type(m).forward is torch.nn.Linear.forward
+            and "forward" not in m.__dict__
+            and packable(m.weight)
+        ]
         self._packs: dict[int, _Pack] = {}  # id(weight) -> its pack; dropped when the weight is freed
+        self._thread: int | None = None
+
+    @property
+    def layers(self) -> int:
+        """How many linear layers run packed."""
+        return len(self._modules)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``F.linear(x, weight, bias)`` as the engine's forwards compute it."""
-        pack = self._pack(x, weight) if self.enabled and not torch.is_grad_enabled() else None
-        return F.linear(x, weight, bias) if pack is None else _packed_linear(x, pack, bias)
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        """Run this thread's ``F.linear`` calls through ``linear`` (when enabled)."""
-        if not self.enabled:
-            yield
-            return
-        with _Mode(self):
-            yield
-
-    def _pack(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-        """The packed copy of ``weight`` for a product with ``x``, or None where F.linear runs."""
-        if (
-            weight.device.type != "cpu"
-            or weight.dtype != torch.float32
-            or x.dtype != torch.float32
-            or weight.dim() != 2
-            or weight.layout != torch.strided
-        ):
-            return None
+        """``F.linear(x, weight, bias)`` as the engine's forwards compute it: packed for a packable
+        weight without autograd."""
+        if not self.enabled or torch.is_grad_enabled() or x.dtype != torch.float32 or not packable(weight):
+            return F.linear(x, weight, bias)
         key = id(weight)
         pack = self._packs.get(key)
         if pack is None or not pack.current(weight):
             packs = self._packs
-            pack = self._packs[key] = _Pack(weight, lambda _, key=key: packs.pop(key, None))
-        return pack.packed
+            pack = packs[key] = _Pack(weight, lambda _, key=key: packs.pop(key, None))
+        return _packed_linear(x, pack.packed, bias)
 
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the packed layers through ``linear`` for this thread until exit."""
+        if not self._modules:
+            yield
+            return
+        self._thread = threading.get_ident()
+        for module in self._modules:
+            module.__dict__["forward"] = types.MethodType(self._forward, module)
+        try:
+            yield
+        finally:
+            for module in self._modules:
+                module.__dict__.pop("forward", None)
+            self._thread = None
 
-class _Mode(TorchFunctionMode):
-    def __init__(self, linears: PackedLinears) -> None:
-        super().__init__()
-        self.linears = linears
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            return self.linears.linear(*args, **kwargs)
-        return func(*args, **kwargs)
+    def _forward(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if threading.get_ident() != self._thread:
+            return F.linear(x, module.weight, module.bias)
+        return self.linear(x, module.weight, module.bias)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from agent_r1.rollout import packed_linear
+
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
 HAS_TRL = importlib.util.find_spec("trl") is not None
@@ -115,6 +117,17 @@ def test_rollout_quick(tmp_path):
             assert phases["decode_steps"] >= 2 * 7, phases
             assert 0 < phases["prefill_seconds"] + phases["decode_seconds"] <= rows[batch, engine]["seconds"]
             assert f"{engine} at batch {batch}: prefill " in out, out
+
+
+@pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN linear")
+def test_packed_linear_quick():
+    """benchmarks/packed_linear.py: both kernels' GFLOP/s at each row count, their ratio, and outputs
+    that agree to float rounding."""
+    out = run_script("packed_linear.py", "--quick")
+    for rows in ("1", "8"):
+        row = table_row(out, rows)
+        assert all(is_number(c) for c in row[1:4]), row
+        assert float(row[4]) < 1e-4, row
 
 
 def test_rollout_bounds_by_hand(monkeypatch):

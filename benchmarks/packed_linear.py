@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from roofline import timed  # a sibling module (its folder is on sys.path)
 
 from agent_r1.rollout import packed_linear
 
@@ -61,17 +60,14 @@ def main() -> None:
             inputs = {n: torch.randn(rows, n, generator=generator) for n in (h, i)}
             flops = 2 * rows * sum(o * n for o, n in shapes) * args.layers
 
-            def run(linear, inputs=inputs) -> float:
-                start = time.perf_counter()
+            def run(linear, inputs=inputs) -> None:
                 for layer in weights:
                     for weight in layer:
                         linear(inputs[weight.shape[1]], weight)
-                return time.perf_counter() - start
 
-            for linear in (F.linear, linears.linear):
-                run(linear)  # warm-up (and the packing)
-            plain = statistics.median(run(F.linear) for _ in range(args.repeats))
-            packed = statistics.median(run(linears.linear) for _ in range(args.repeats))
+            # (each median after one warm-up run, which also packs the weights)
+            plain = timed(lambda: run(F.linear), args.repeats)
+            packed = timed(lambda: run(linears.linear), args.repeats)
             difference = max(
                 float((F.linear(inputs[w.shape[1]], w) - linears.linear(inputs[w.shape[1]], w)).abs().max())
                 for w in weights[0]

@@ -99,8 +99,9 @@ class PackedLinears:
     def __init__(self, model: torch.nn.Module | None, enabled: bool = True) -> None:
         self.enabled = enabled
         modules = [] if model is None or not enabled else model.modules()
-        self._modules = [
-            m
+        # each layer with the forward ``active`` gives it, made once
+        self._forwards = [
+            (m, types.MethodType(self._forward, m))
             for m in modules
             if type(m).forward is torch.nn.Linear.forward
             and "forward" not in m.__dict__
@@ -112,7 +113,7 @@ class PackedLinears:
     @property
     def layers(self) -> int:
         """How many linear layers run packed."""
-        return len(self._modules)
+        return len(self._forwards)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``F.linear(x, weight, bias)`` as the engine's forwards compute it: packed for a packable
@@ -129,16 +130,16 @@ class PackedLinears:
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """Run the packed layers through ``linear`` for this thread until exit."""
-        if not self._modules:
+        if not self._forwards:
             yield
             return
         self._thread = threading.get_ident()
-        for module in self._modules:
-            module.__dict__["forward"] = types.MethodType(self._forward, module)
+        for module, forward in self._forwards:
+            module.__dict__["forward"] = forward
         try:
             yield
         finally:
-            for module in self._modules:
+            for module, _ in self._forwards:
                 module.__dict__.pop("forward", None)
             self._thread = None
 

@@ -150,7 +150,8 @@ class HFEngine:
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the
     rest of the time it waits for requests or for a weight update (a few clock reads per scheduler
-    step; the trainer reports them per step as ``time/engine_*``).
+    step; the trainer reports them per step as ``time/engine_*``). A step's seconds are added when it
+    ends, which can be after it handed back its last completion: ``wait_for_step`` waits for that.
     """
 
     def __init__(
@@ -354,6 +355,13 @@ class HFEngine:
                 entry.setdefault(int(top_ids_TK[t, k]), (float(top_values_TK[t, k]), k + 1))
             out.append(entry)
         return out
+
+    def wait_for_step(self) -> None:
+        """Return once no scheduler step is running. A step hands each finished request back before
+        it ends, so a caller can hold its last completion while that step still runs;
+        ``prefill_seconds`` / ``decode_seconds`` count it only once it has ended."""
+        with self._model_lock:
+            pass
 
     def close(self) -> None:
         """Refuse new requests and end pending ones with ``ABORT``. (Not needed for cleanup: the

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,11 +85,13 @@ def test_a_missing_venv_is_one_error_naming_the_install_script(tiny_tokenizer, t
         env_factory(config, tiny_tokenizer)()
 
 
-def test_a_venv_without_verifiers_names_the_install_script(tiny_tokenizer, tmp_path):
+def test_a_venv_without_verifiers_names_the_install_script(tiny_tokenizer, tmp_path, monkeypatch):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python").symlink_to(sys.executable)  # agent-r1's python: no verifiers there
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the worker's log folder goes
     with pytest.raises(MissingPackageError, match=r"no usable verifiers.*install_verifiers\.sh"):
         env(tiny_tokenizer, venv=tmp_path)
+    assert not list(tmp_path.glob("agent-r1-verifiers-*"))  # the failed start leaves no log folder behind
 
 
 def test_options_the_adapter_owns_are_refused_before_anything_starts(tiny_tokenizer, tmp_path):
@@ -232,6 +235,18 @@ def test_a_dying_worker_is_an_error_trajectory_and_is_restarted(tiny_tokenizer):
     again = play(tiny_tokenizer, ["no"], recycle_after=61)
     assert again.status is TrajectoryStatus.OK and again.outcome_reward == 1.0
     assert env(tiny_tokenizer, recycle_after=61).worker.process.pid != worker.process.pid
+
+
+@needs_venv
+def test_a_worker_stopped_cleanly_leaves_no_log_folder(tiny_tokenizer):
+    """What the exit hook does to each worker: stop it, then drop its log's folder, which holds nothing
+    to read after a clean exit (a dead worker's log stays: the warning that restarts it names it)."""
+    worker = env(tiny_tokenizer, recycle_after=63).worker  # a worker of its own
+    folder = worker.log_path.parent
+    assert folder.is_dir()
+    worker.stop()
+    worker.discard_log()
+    assert worker.process.returncode == 0 and not folder.exists()
 
 
 @needs_venv

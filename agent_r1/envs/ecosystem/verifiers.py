@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import selectors
+import shutil
 import socket
 import subprocess
 import sys
@@ -120,7 +121,9 @@ class _Worker:
         line = self._first_line(startup_timeout_s)
         if "error" in line:
             self.stop()
-            raise self._startup_error(line, config)
+            error = self._startup_error(line, config)
+            self.discard_log(always=True)  # (the error is the worker's own answer; the log is not named)
+            raise error
         self.address = tuple(line["address"])
 
     def _first_line(self, timeout_s: float) -> dict:
@@ -128,16 +131,20 @@ class _Worker:
             selector.register(self.process.stdout, selectors.EVENT_READ)
             if not selector.select(timeout_s):
                 self.stop()
-                raise VerifiersError(
+                error = VerifiersError(
                     f"the verifiers worker did not start within {timeout_s:g}s; its log: {self.log_tail()}"
                 )
+                self.discard_log()
+                raise error
         raw = self.process.stdout.readline()
         if not raw:
             self.process.wait()
-            raise VerifiersError(
+            error = VerifiersError(
                 f"the verifiers worker exited ({self.process.returncode}) while starting; its log: "
                 f"{self.log_tail()}"
             )
+            self.discard_log()
+            raise error
         return json.loads(raw)
 
     @staticmethod
@@ -163,6 +170,14 @@ class _Worker:
         except OSError:
             return f"(no log at {self.log_path})"
         return f"{self.log_path}:\n{text[-chars:]}" if text else f"{self.log_path} (empty)"
+
+    def discard_log(self, always: bool = False) -> None:
+        """Remove the log's folder unless it holds something to read: it goes once the worker exited
+        cleanly (0) or wrote nothing (or ``always``); a log of a failure stays where its error or
+        warning names it."""
+        written = self.log_path.exists() and self.log_path.stat().st_size > 0
+        if always or self.process.returncode == 0 or not written:
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -252,6 +267,7 @@ def _worker_for(
                 worker.process.returncode,
                 worker.log_tail(),
             )
+            worker.discard_log()  # (kept if it wrote anything: the warning names it)
             worker = None
         if worker is None:
             worker = _workers[key] = _Worker(python, config, paths, startup_timeout_s)
@@ -265,6 +281,7 @@ def _stop_workers() -> None:
         _workers.clear()
     for worker in workers:
         worker.stop()
+        worker.discard_log()
 
 
 def _env_config(

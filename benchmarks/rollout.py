@@ -521,7 +521,9 @@ def main() -> None:
 
     from roofline import memory_bandwidth, mm_peak, packed_peak
 
-    torch.set_num_threads(args.threads)
+    from agent_r1.train.process import set_torch_threads
+
+    set_torch_threads(args.threads)  # (not torch.set_num_threads at the count it has: see there)
     torch.manual_seed(0)
     progress(
         f"limits: torch.mm {args.mm_size}^2 and a {args.bandwidth_mib} MiB tensor, {args.threads} threads"

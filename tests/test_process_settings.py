@@ -135,3 +135,19 @@ def test_the_setting_is_off_by_default_and_the_quickstart_turns_it_on():
     assert config_from_dict({}).trainer.retain_freed_memory is False
     settings = rl_settings(steps=1, tasks_per_step=1, group_size=2, lr=1e-3, seed=0, run_dir="r", threads=1)
     assert config_from_dict(settings).trainer.retain_freed_memory is True
+
+
+def test_torch_threads_are_set_only_when_the_count_changes(monkeypatch):
+    """``set_torch_threads`` leaves torch alone at the count it runs: ``torch.set_num_threads`` also
+    turns MKL's dynamic threading off, which made CPU flash attention several times slower at the
+    same count (agent_r1.train.process)."""
+    import torch
+
+    from agent_r1.train.process import set_torch_threads
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)  # a recording double
+    now = torch.get_num_threads()
+    set_torch_threads(now)
+    set_torch_threads(now + 1)
+    assert calls == [now + 1]

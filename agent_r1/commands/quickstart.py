@@ -195,20 +195,18 @@ def rl_config(args: argparse.Namespace, settings: dict, out: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from agent_r1.models.loading import save_model
     from agent_r1.models.tiny import build_tiny
     from agent_r1.tasks import arithmetic, get_task
     from agent_r1.train.config import config_from_dict
-    from agent_r1.train.process import retain_freed_memory
+    from agent_r1.train.process import retain_freed_memory, set_torch_threads
     from agent_r1.train.sft import SFTConfig, replay_demonstrations, sft_sequences, train_sft
     from agent_r1.train.trainer import Trainer
 
     settings = _settings(args)
     out = Path(args.out)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_torch_threads(args.threads)
     retain_freed_memory()  # the warm start too (the RL trainer's config asks for it as well)
     started = time.perf_counter()
     spec = get_task("arithmetic")

@@ -149,7 +149,9 @@ def apply_process_settings(trainer: TrainerConfig) -> None:
     if trainer.deterministic:
         deterministic_settings()
     threads = trainer.torch_threads or (1 if trainer.deterministic else None)
-    if threads:
+    if threads and trainer.deterministic:
+        torch.set_num_threads(threads)  # always: it also fixes MKL's thread count (no dynamic threading)
+    elif threads:
         set_torch_threads(threads)
     if trainer.retain_freed_memory:
         retain_freed_memory()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_r1.tools import ToolCall, ToolSet, python_sandbox
+from agent_r1.tools import ToolCall, ToolSet
 from agent_r1.tools.python_sandbox import (
     _LAUNCHER,
     Isolation,
@@ -119,8 +119,7 @@ def test_fork_bomb_is_contained_and_cleaned_up(sandbox: PythonSandbox) -> None:
     assert result.status is SandboxStatus.TIMEOUT
     time.sleep(0.5)
     survivors = set(_sandbox_processes().splitlines()) - already_running
-    launcher = str(Path(python_sandbox.__file__).with_name("python_sandbox_launcher.py"))
-    assert not [line for line in survivors if launcher in line]  # this checkout's launcher is gone
+    assert not [line for line in survivors if str(_LAUNCHER) in line]  # this checkout's launcher is gone
     if survivors:
         # The bomb's own processes do not name their checkout: those of another test run on this host
         # (two checkouts' suites side by side each saw the other's) end by that run's time limit,

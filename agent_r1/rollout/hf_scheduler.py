@@ -141,10 +141,11 @@ class Scheduler:
     Every argument is ``HFEngine``'s setting of the same name (``attn_implementation``: the model's
     attention kernel; ``finish``: the engine's hand-back to callers; ``batch_invariant``: decode as
     ``agent_r1.rollout.batch_invariant`` says, every row's result independent of its batch;
-    ``linears``: the engine's ``PackedLinears``, entered around every forward; None: none). ``prefix_hits`` counts prompts
-    that reused a stored sequence's KV; ``shared_prefills`` counts prompts that joined together with
-    an identical one and were prefilled once for both; ``decode_steps`` counts decode forwards. Not
-    thread-safe: the engine calls ``step`` from its scheduler thread only, holding its model lock.
+    ``linears``: the engine's ``PackedLinears``, entered around every forward; None: none).
+    ``prefix_hits`` counts prompts that reused a stored sequence's KV; ``shared_prefills`` counts
+    prompts that joined together with an identical one and were prefilled once for both;
+    ``decode_steps`` counts decode forwards. Not thread-safe: the engine calls ``step`` from its
+    scheduler thread only, holding its model lock.
     """
 
     def __init__(

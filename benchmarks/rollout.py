@@ -55,6 +55,15 @@ the tokens before it in its trajectory, itself included):
   counted because an engine cannot skip it: with long prompts and few sampled tokens it is most of
   the compute bound.
 
+- % linear ceiling = linear seconds / measured seconds, with linear seconds the time the workload's
+  linear layers alone take through the HF engine's own linear kernel (oneDNN on a packed weight where
+  the engine packs it, else ``F.linear``), timed in the same run on the model's weights read in a
+  forward's order: every prefilled token at the faster per-token time of 512- and 2048-row forwards,
+  each decode step's body at B rows, and the LM head at B rows for each sampled position. Attention,
+  element-wise operations, sampling and Python are left out, so the HF engine cannot reach 100% of it;
+  an engine with faster kernels (vLLM's) can pass it. It says what any gain outside the linears can
+  still bring, and whether a target is within these kernels' reach.
+
 On a shared machine only fractions measured together with their limits mean anything, and only when
 measured idle.
 
@@ -241,6 +250,40 @@ def workload_bounds(
     return Bounds(sampled, forwarded, prefilled, flops / peak, read / bandwidth)
 
 
+def linear_seconds(model, rows: int, repeats: int) -> tuple[float, float]:
+    """Seconds of one forward's linear layers at ``rows`` rows through the HF engine's linear kernel
+    (``PackedLinears.linear``), each layer's weight in turn as a forward reads them: (the body's, the
+    LM head's)."""
+    import torch
+    from roofline import timed
+
+    from agent_r1.rollout.packed_linear import PackedLinears, available
+
+    head = model.get_output_embeddings()
+    body = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    linears = PackedLinears(None, enabled=available())  # the engine's rule: packed where packable
+    inputs = {n: torch.randn(rows, n) for n in {m.in_features for m in body} | {head.in_features}}
+
+    def run(modules) -> None:
+        for module in modules:
+            linears.linear(inputs[module.in_features], module.weight, module.bias)
+
+    with torch.no_grad():
+        return timed(lambda: run(body), repeats), timed(lambda: run([head]), repeats)
+
+
+def linear_ceiling(
+    bounds: Bounds, batch: int, prefill_per_token: float, body_step: float, head_step: float
+) -> float:
+    """The docstring's linear seconds of a lockstep workload at ``batch`` rows: every prefilled token
+    at ``prefill_per_token``, each decode step's body at ``body_step`` and each sampled position's LM
+    head (a prefill's last position or a decode step) at ``head_step``, both at ``batch`` rows."""
+    decode_steps = (bounds.forwarded - bounds.prefilled) / batch
+    return (
+        bounds.prefilled * prefill_per_token + decode_steps * body_step + bounds.sampled / batch * head_step
+    )
+
+
 def model_folder(name: str, workdir: Path) -> Path:
     if name == "tiny":
         from agent_r1.models.tiny import save_tiny_checkpoint
@@ -347,9 +390,14 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         "user_turn_tokens": len(user_ids),
         "decode_matmul": {},
         "bounds": {},
+        "linear_ceiling": {},  # batch -> seconds of the workload's linear layers alone
+        "linear_prefill_per_token": None,  # their seconds per prefilled token
         "rows": [],
         "hf_phases": {},  # the HF engine's own account of each timed rollout
     }
+    progress(f"{name}: the linear layers alone at prefill and decode rows")
+    prefill_per_token = min(linear_seconds(model, rows, args.repeats)[0] / rows for rows in (512, 2048))
+    result["linear_prefill_per_token"] = prefill_per_token
     for batch in args.batch:
         rate = matmul_rate(batch, shape.hidden, shape.intermediate, args.repeats)
         result["decode_matmul"][batch] = rate
@@ -357,6 +405,10 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
             shape, sets[batch], len(user_ids), args.turns, args.new_tokens, peak, bandwidth
         )
         result["bounds"][batch] = asdict(bounds)
+        body_step, head_step = linear_seconds(model, batch, args.repeats)
+        result["linear_ceiling"][batch] = linear_ceiling(
+            bounds, batch, prefill_per_token, body_step, head_step
+        )
 
     timings: dict[tuple[int, str], tuple[int, float]] = {}
     variants = [("HFEngine", {})] + (
@@ -422,6 +474,7 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
                     "tokens_per_s": rate,
                     "compute_fraction": bounds["compute_seconds"] / seconds,
                     "memory_fraction": bounds["memory_seconds"] / seconds,
+                    "linear_ceiling_fraction": result["linear_ceiling"][batch] / seconds,
                     "vs_vllm": None if vllm_rate is None else rate / vllm_rate,
                 }
             )
@@ -450,17 +503,22 @@ def print_model(result: dict, args, limits: dict) -> None:
             f"for {bounds['sampled']} sampled; "
             f"compute bound {compute:.0f} tokens/s, memory bound {memory:.0f} tokens/s "
             f"(roofline {min(compute, memory):.0f}); decode-shaped matmul {batch}x{shape['hidden']}x"
-            f"{shape['intermediate']}: {rate / 1e9:.1f} GFLOP/s ({rate / limits['peak']:.0%} of peak)"
+            f"{shape['intermediate']}: {rate / 1e9:.1f} GFLOP/s ({rate / limits['peak']:.0%} of peak); "
+            f"the linear layers alone {result['linear_ceiling'][batch]:.2f} s "
+            f"({bounds['sampled'] / result['linear_ceiling'][batch]:.0f} tokens/s)"
         )
     print()
-    print("| batch | engine | tokens | seconds | tokens/s | % compute bound | % memory bound | vs vLLM |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| batch | engine | tokens | seconds | tokens/s | % compute bound | % memory bound "
+        "| % linear ceiling | vs vLLM |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in result["rows"]:
         ratio = "-" if row["vs_vllm"] is None else f"{row['vs_vllm']:.2f}"
         print(
             f"| {row['batch']} | {row['engine']} | {row['tokens']} | {row['seconds']:.2f} | "
             f"{row['tokens_per_s']:.0f} | {row['compute_fraction']:.1%} | {row['memory_fraction']:.1%} | "
-            f"{ratio} |"
+            f"{row['linear_ceiling_fraction']:.1%} | {ratio} |"
         )
     for batch, engines in result["hf_phases"].items():
         for engine_name, phases in engines.items():

@@ -92,6 +92,7 @@ def test_rollout_quick(tmp_path):
         "tokens/s",
         "% compute bound",
         "% memory bound",
+        "% linear ceiling",
         "vs vLLM",
     ], header
     report = json.loads((tmp_path / "r.json").read_text())
@@ -103,10 +104,11 @@ def test_rollout_quick(tmp_path):
     for (batch, _), row in rows.items():
         assert row["tokens"] == batch * 2 * 8  # trajectories x turns x new tokens, every engine
         assert row["compute_fraction"] > 0 and row["memory_fraction"] > 0 and row["vs_vllm"] is None
+        assert row["linear_ceiling_fraction"] > 0
     cells = [
         line.strip("|").split("|") for line in lines if line.startswith("| 4 ") or line.startswith("| 8 ")
     ]
-    assert len(cells) == 6 and all(is_number(c.strip()) for row in cells for c in row[2:7]), cells
+    assert len(cells) == 6 and all(is_number(c.strip()) for row in cells for c in row[2:8]), cells
     assert report["limits"]["peak"] == max(report["limits"]["mm"], report["limits"]["packed"] or 0)
     # The HF engine's own account of each timed rollout: where its seconds went, how many steps.
     for batch in (4, 8):
@@ -145,6 +147,17 @@ def test_rollout_bounds_by_hand(monkeypatch):
     assert bounds.compute_seconds == 2 * 90 * 7 + 2 * 10 * 4 + 4 * 2 * 4 * contexts
     # 4 steps read every weight; each step's last position reads its K and V: contexts 3, 4, 6, 7
     assert bounds.memory_seconds == 4 * 100 * 4 + 2 * 2 * 2 * 4 * (3 + 4 + 6 + 7)
+
+
+def test_rollout_linear_ceiling_by_hand(monkeypatch):
+    """The linear layers' seconds of the same workload at 3 rows in lockstep: 5 prefilled tokens per
+    row, 2 decode steps (each turn's second token), an LM head at each of the 4 sampled positions."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from rollout import Bounds, linear_ceiling
+
+    bounds = Bounds(sampled=3 * 4, forwarded=3 * 7, prefilled=3 * 5, compute_seconds=0.0, memory_seconds=0.0)
+    seconds = linear_ceiling(bounds, 3, prefill_per_token=1.0, body_step=10.0, head_step=100.0)
+    assert seconds == 15 * 1.0 + 2 * 10.0 + 4 * 100.0
 
 
 @pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e '.[bench]'): TRL side not run")

@@ -9,7 +9,14 @@ import torch
 
 from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
 from agent_r1.tasks import arithmetic
-from agent_r1.train.sft import SFTConfig, _padded_batch, replay_demonstrations, sft_sequences, train_sft
+from agent_r1.train.sft import (
+    SFTConfig,
+    _padded_batch,
+    replay_demonstrations,
+    sft_loss,
+    sft_sequences,
+    train_sft,
+)
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +95,30 @@ def test_train_sft_lowers_the_loss_and_touches_only_given_sequences(tok):
         train_sft(model, [], pad_token_id=tok.pad_token_id)
     with pytest.raises(ValueError, match="batch_size"):
         SFTConfig(batch_size=0)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_shared_prefixes_give_the_padded_batch_loss_and_gradients(tok, kernel):
+    """The default warm start forwards a batch as prefix tries (the system prompt once, attention by
+    segments under SDPA on the CPU, the dense tree mask under eager): the loss and every gradient
+    are the right-padded batch's, to float rounding, with fewer tokens forwarded."""
+    from agent_r1.train.batching import count_tokens, share_prefixes
+
+    _, sequences = _sequences(tok)
+    trees = share_prefixes(sequences, pair_cost=0.0, max_width=10**6)
+    assert count_tokens(trees) < 0.8 * sum(len(s) for s in sequences)  # they share the system prompt
+    torch.manual_seed(0)
+    model = build_tiny_model(len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model.set_attn_implementation(kernel)
+    n_targets = sum(span.length for s in sequences for span in s.spans)
+    results = {}
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        loss = sft_loss(model, sequences, pad_token_id=tok.pad_token_id, share=share) / n_targets
+        loss.backward()
+        results[share] = loss.detach(), [p.grad.clone() for p in model.parameters()]
+    (padded, padded_grads), (shared, shared_grads) = results[False], results[True]
+    # fp32 sums of the same terms in another order (the trie tests' bounds, tests/test_batching_trie.py)
+    torch.testing.assert_close(shared, padded, rtol=1e-5, atol=0)
+    for a, b in zip(shared_grads, padded_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

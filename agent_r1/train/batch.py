@@ -43,7 +43,15 @@ from agent_r1.train.batching import (
 from agent_r1.train.learner import MASKABLE_KERNELS
 from agent_r1.types import Trajectory, TrajectoryGroup, TrajectoryStatus
 
-__all__ = ["TrainBatch", "batch_of", "build_batch", "hash_seed", "keep_groups", "prefix_pair_cost"]
+__all__ = [
+    "TrainBatch",
+    "batch_of",
+    "build_batch",
+    "hash_seed",
+    "keep_groups",
+    "kernel_pair_cost",
+    "prefix_pair_cost",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +67,11 @@ def prefix_pair_cost(config, model_config, device: torch.device | str = "cpu") -
     if not config.trainer.share_prefixes:
         return None
     kernel = config.model.attn_implementation or getattr(model_config, "_attn_implementation", None) or "sdpa"
+    return kernel_pair_cost(kernel, model_config, device)
+
+
+def kernel_pair_cost(kernel: str, model_config, device: torch.device | str = "cpu") -> float | None:
+    """``prefix_pair_cost`` for a learner that runs attention ``kernel`` on ``device``, prefix trees on."""
     if kernel not in MASKABLE_KERNELS:
         logger.info("prefix trees off: attention kernel %r takes no custom mask", kernel)
         return None

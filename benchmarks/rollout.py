@@ -250,26 +250,32 @@ def workload_bounds(
     return Bounds(sampled, forwarded, prefilled, flops / peak, read / bandwidth)
 
 
-def linear_seconds(model, rows: int, repeats: int) -> tuple[float, float]:
-    """Seconds of one forward's linear layers at ``rows`` rows through the HF engine's linear kernel
-    (``PackedLinears.linear``), each layer's weight in turn as a forward reads them: (the body's, the
-    LM head's)."""
+def linear_layers(model) -> tuple[list, object]:
+    """``model``'s linear layers in a forward's order but the LM head, and the LM head."""
+    import torch
+
+    head = model.get_output_embeddings()
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head], head
+
+
+def linear_seconds(modules, rows: int, repeats: int) -> float:
+    """Seconds of ``modules`` (linear layers) at ``rows`` rows through the HF engine's linear kernel
+    (``PackedLinears.linear``: packed where the engine packs), each weight in turn as a forward reads
+    them."""
     import torch
     from roofline import timed
 
     from agent_r1.rollout.packed_linear import PackedLinears, available
 
-    head = model.get_output_embeddings()
-    body = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
-    linears = PackedLinears(None, enabled=available())  # the engine's rule: packed where packable
-    inputs = {n: torch.randn(rows, n) for n in {m.in_features for m in body} | {head.in_features}}
+    linears = PackedLinears(None, enabled=available())
+    inputs = {n: torch.randn(rows, n) for n in {m.in_features for m in modules}}
 
-    def run(modules) -> None:
+    def run() -> None:
         for module in modules:
             linears.linear(inputs[module.in_features], module.weight, module.bias)
 
     with torch.no_grad():
-        return timed(lambda: run(body), repeats), timed(lambda: run([head]), repeats)
+        return timed(run, repeats)
 
 
 def linear_ceiling(
@@ -396,7 +402,8 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         "hf_phases": {},  # the HF engine's own account of each timed rollout
     }
     progress(f"{name}: the linear layers alone at prefill and decode rows")
-    prefill_per_token = min(linear_seconds(model, rows, args.repeats)[0] / rows for rows in (512, 2048))
+    body, head = linear_layers(model)
+    prefill_per_token = min(linear_seconds(body, rows, args.repeats) / rows for rows in (512, 2048))
     result["linear_prefill_per_token"] = prefill_per_token
     for batch in args.batch:
         rate = matmul_rate(batch, shape.hidden, shape.intermediate, args.repeats)
@@ -405,7 +412,7 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
             shape, sets[batch], len(user_ids), args.turns, args.new_tokens, peak, bandwidth
         )
         result["bounds"][batch] = asdict(bounds)
-        body_step, head_step = linear_seconds(model, batch, args.repeats)
+        body_step, head_step = (linear_seconds(m, batch, args.repeats) for m in (body, [head]))
         result["linear_ceiling"][batch] = linear_ceiling(
             bounds, batch, prefill_per_token, body_step, head_step
         )

@@ -176,10 +176,18 @@ def sft_loss(model, sequences: Sequence[TrainSequence], *, pad_token_id: int, sh
 
     ``share``: as one packed micro-batch of prefix tries, scored at the span tokens only, where the
     model's attention kernel takes a custom mask (else, and without ``share``, right-padded)."""
-    pair_cost = None
-    if share:
-        device = next(model.parameters()).device
-        pair_cost = kernel_pair_cost(attention_implementation(model), model.config, device)
+    return _loss(model, sequences, pad_token_id, _pair_cost(model) if share else None)
+
+
+def _pair_cost(model) -> float | None:
+    """The prefix-tree cost model's attention weight for ``model``'s kernel and device; None where
+    the kernel takes no custom mask (the warm start then pads)."""
+    device = next(model.parameters()).device
+    return kernel_pair_cost(attention_implementation(model), model.config, device)
+
+
+def _loss(model, sequences: Sequence[TrainSequence], pad_token_id: int, pair_cost: float | None) -> Tensor:
+    """``sft_loss`` with the cost model's weight given (None: right-padded)."""
     if pair_cost is None:
         ids_BT, target_BT = _padded_batch(sequences, pad_token_id)
         device = next(model.parameters()).device
@@ -188,6 +196,7 @@ def sft_loss(model, sequences: Sequence[TrainSequence], *, pad_token_id: int, sh
         nll_BT = F.cross_entropy(logits_BTV.transpose(1, 2), ids_BT[:, 1:], reduction="none")
         return (nll_BT * target_BT[:, 1:]).sum()
     trees = share_prefixes(sequences, pair_cost=pair_cost, max_width=sum(map(len, sequences)))
+    # a budget that holds every row: one micro-batch (rows <= trees, each at most count_tokens wide)
     (micro_batch,) = pack_trees(trees, _span_rows(sequences), token_budget=count_tokens(trees) * len(trees))
     logprobs_K, _ = micro_batch_logprobs(model, micro_batch, temperature=1.0)
     return -logprobs_K.sum()
@@ -228,6 +237,7 @@ def train_sft(
             return (step + 1) / warmup
         return 1.0 - (1.0 - config.final_lr_fraction) * (step - warmup) / max(1, total - warmup)
 
+    pair_cost = _pair_cost(model) if config.share_prefixes else None  # once (and its log line)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
@@ -241,9 +251,8 @@ def train_sft(
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
             for m in range(0, len(batch), config.micro_batch_size):
-                part = batch[m : m + config.micro_batch_size]
                 loss = (
-                    sft_loss(model, part, pad_token_id=pad_token_id, share=config.share_prefixes) / n_targets
+                    _loss(model, batch[m : m + config.micro_batch_size], pad_token_id, pair_cost) / n_targets
                 )
                 loss.backward()
                 total_loss += loss.item()

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 __all__ = [
+    "ModelFolder",
     "ModelNotFoundError",
+    "adapter_folder_problem",
     "NoChatTemplateError",
     "enable_checkpointing",
     "go_offline",
@@ -18,7 +21,9 @@ __all__ = [
     "in_hub_cache",
     "load_frozen_model",
     "load_tokenizer",
+    "model_folder",
     "model_not_found_as_error",
+    "quiet_peft_warnings",
     "quiet_progress_bars",
     "require_chat_template",
     "save_model",
@@ -41,6 +46,17 @@ def quiet_progress_bars() -> Iterator[None]:
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def quiet_peft_warnings() -> Iterator[None]:
+    """Without the FutureWarning peft triggers on every load by reading transformers' deprecated
+    ``is_gradient_checkpointing`` alias: the warning is theirs, printed on every run."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        yield
 
 
 def enable_checkpointing(model) -> None:
@@ -179,18 +195,133 @@ def load_frozen_model(
     dtype: str = "float32",
     attn_implementation: str | None = None,
     key: str | None = "model.path",
+    adapter: str | Path | None = None,
 ):
     """A causal LM from ``path`` that only samples or scores: eval mode, no parameter needs a gradient
-    (an engine's own copy, the reference policy). ``dtype``: a torch dtype name, or ``"auto"`` (the
-    checkpoint's)."""
+    (an engine's own copy, the reference policy, a teacher). ``dtype``: a torch dtype name, or
+    ``"auto"`` (the checkpoint's). A folder holding a saved LoRA adapter is that adapter on its base
+    (``model_folder``), merged into the weights; so is ``adapter`` (an adapter folder) on the model
+    at ``path``."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    folder = model_folder(path, key)
+    adapter = adapter or folder.adapter
     kernel = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    with model_not_found_as_error(path, key), quiet_progress_bars():
+    with model_not_found_as_error(folder.base, key), quiet_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), **kernel
+            folder.base, dtype=dtype if dtype == "auto" else getattr(torch, dtype), **kernel
         )
+    if adapter is not None:
+        from peft import PeftModel
+
+        with quiet_peft_warnings():
+            model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval()
+
+
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """What a model folder (or Hub name) holds, the one meaning that train, eval, serve and check
+    give it: a full model (``adapter`` None, ``base`` the folder itself), or a LoRA adapter that peft
+    saved (``adapter_config.json`` and its weights, no ``config.json``) on the base model its
+    ``adapter_config.json`` names (``base``). ``lora``: that adapter's saved settings."""
+
+    path: str
+    base: str
+    adapter: str | None = None
+    lora: dict | None = None
+
+    @property
+    def has_tokenizer(self) -> bool:
+        """Whether the adapter folder holds a tokenizer of its own (``save_model`` writes one)."""
+        return self.adapter is not None and (Path(self.adapter) / "tokenizer_config.json").is_file()
+
+    def describe(self) -> str:
+        if self.adapter is None:
+            return f"{self.path!r}: a full model" if Path(self.path).is_dir() else f"{self.path!r}"
+        return f"{self.adapter!r}: {describe_lora(self.lora or {})}, on the base model {self.base!r}"
+
+
+def describe_lora(saved: Mapping) -> str:
+    """One line of a saved adapter's settings (its ``adapter_config.json``)."""
+    targets = saved.get("target_modules")
+    targets = ", ".join(sorted(targets)) if isinstance(targets, (list, tuple)) else targets
+    alpha = saved.get("lora_alpha")
+    return (
+        f"a LoRA adapter of rank {saved.get('r')}, alpha {alpha:g}, on {targets}"
+        if isinstance(alpha, (int, float))
+        else f"a LoRA adapter of rank {saved.get('r')}, on {targets}"
+    )
+
+
+def adapter_folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` is no plain LoRA adapter that peft saved, or None when it is one."""
+    if not folder.is_dir():
+        return (
+            f"{str(folder)!r} is not a folder (a relative path is taken from the working directory, "
+            f"{Path.cwd()}, else from the config file's folder)"
+        )
+    config_file = folder / "adapter_config.json"
+    if not config_file.is_file():
+        inside = sorted(p.parent.name for p in folder.glob("*/adapter_config.json"))
+        hint = (
+            f": give one of its subfolders {inside} (peft saves an adapter not named 'default' in a "
+            "subfolder of its name)"
+            if inside
+            else ""
+        )
+        return f"{str(folder)!r} holds no adapter_config.json, so it is no adapter peft saved{hint}"
+    try:
+        saved = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return f"{config_file} cannot be read: {error}"
+    if not isinstance(saved, dict) or saved.get("peft_type") != "LORA":
+        kind = saved.get("peft_type") if isinstance(saved, dict) else None
+        return f"{str(folder)!r} holds a {kind} adapter; a policy is a LoRA adapter"
+    if saved.get("use_dora"):
+        return f"{str(folder)!r} holds a DoRA adapter; the engines mix plain LoRA adapters in one batch only"
+    if not any((folder / f).is_file() for f in ADAPTER_WEIGHTS):
+        return f"{str(folder)!r} holds no adapter weights (adapter_model.safetensors)"
+    return None
+
+
+def model_folder(path: str | Path, key: str | None = "model.path") -> ModelFolder:
+    """What ``path`` holds (``ModelFolder``). A folder with ``adapter_config.json`` and no
+    ``config.json`` is a saved LoRA adapter: checked (``adapter_folder_problem``), and its base is
+    the ``base_model_name_or_path`` of its ``adapter_config.json``, found as written (absolute, or
+    from the working directory), else beside the adapter folder, else taken as a Hugging Face Hub
+    name. Anything else (a model folder, a Hub name, a path that does not exist) is a full model;
+    whether it loads is for the loader to say. ``key`` names the config key in errors."""
+    given, path = str(path), Path(path).expanduser()
+    if not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
+        return ModelFolder(given, given)
+    where = _named(given, key)
+    problem = adapter_folder_problem(path)
+    if problem is not None:
+        raise ModelNotFoundError(f"{where}: {problem}")
+    saved = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+    named = saved.get("base_model_name_or_path")
+    if not named:
+        raise ModelNotFoundError(
+            f"{where} is a LoRA adapter whose adapter_config.json names no base model "
+            "(base_model_name_or_path): give the base model's folder as model.path and this adapter "
+            "as model.adapter"
+        )
+    base = Path(named).expanduser()
+    candidates = [base] if base.is_absolute() else [base, path.parent / base]
+    found = next((c for c in candidates if (c / "config.json").is_file()), None)
+    if found is not None:
+        return ModelFolder(given, str(found.resolve()), str(path.resolve()), saved)
+    if base.is_absolute() or any(c.exists() for c in candidates):
+        raise ModelNotFoundError(
+            f"{where} is a LoRA adapter on the base model {named!r} (its adapter_config.json's "
+            "base_model_name_or_path), which holds no model here: give the base model's folder as "
+            "model.path and this adapter as model.adapter"
+        )
+    return ModelFolder(given, str(named), str(path.resolve()), saved)  # a Hub name

@@ -44,24 +44,32 @@ def build_engine(
     dtype: str | None = None,
     max_batch_size: int = 64,
     device: str | None = None,
+    adapter: str | None = None,
     **engine_kwargs: Any,
 ):
     """Engine ``kind`` over ``model`` (a loaded HF model for ``"hf"``, or a folder for either kind);
     ``dtype`` of the weights loaded from a folder (``"float32"``, ``"bfloat16"``, ...; None: the
-    checkpoint's own)."""
+    checkpoint's own). A folder holding a saved LoRA adapter is that adapter on its base, merged
+    (``agent_r1.models.loading.model_folder``); so is ``adapter``, a saved adapter on the folder's
+    model. vLLM starts from the base and then loads the merged weights (``update_weights``)."""
     problem = engine_problem(kind)
     if problem is not None:
         raise EngineUnavailable(problem)
+    from agent_r1.models.loading import load_frozen_model, model_folder
+
     if kind == "vllm":
         if not isinstance(model, (str, Path)):
             raise EngineUnavailable("the vllm engine loads its model from a folder: pass a path")
         from agent_r1.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(str(model), **{"dtype": dtype or "auto", **engine_kwargs})
+        folder = model_folder(model, key=None)
+        engine = VLLMEngine(folder.base, **{"dtype": dtype or "auto", **engine_kwargs})
+        if adapter or folder.adapter:
+            merged = load_frozen_model(model, dtype=dtype or "auto", key=None, adapter=adapter)
+            engine.update_weights(list(merged.state_dict().items()))
+        return engine
     from agent_r1.rollout.hf import HFEngine
 
     if isinstance(model, (str, Path)):
-        from agent_r1.models.loading import load_frozen_model
-
-        model = load_frozen_model(model, dtype=dtype or "auto", key=None)
+        model = load_frozen_model(model, dtype=dtype or "auto", key=None, adapter=adapter)
     return HFEngine(model, tokenizer=tokenizer, max_batch_size=max_batch_size, device=device, **engine_kwargs)

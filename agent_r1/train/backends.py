@@ -418,16 +418,17 @@ class LocalLearner:
 
 def engine_copy(model, config) -> Any:
     """A frozen copy of the policy for an engine that does not share it. One LoRA policy: the base
-    weights from ``model.path``, into which each update's merged weights are copied. Several
+    weights from ``model.path`` (with ``model.adapter`` merged, where the policy starts), into which
+    each update's merged weights are copied. Several
     policies (``config.policies``): the peft model itself, every adapter included, so that each role
     keeps its adapter; each sync copies in the adapters that changed (``PolicyLearners.weights``)."""
     if hasattr(model, "peft_config") and not config.policies:
         from agent_r1.models.loading import load_frozen_model
         from agent_r1.train.builders import base_path
 
-        return load_frozen_model(base_path(config), dtype=config.model.dtype).to(
-            next(model.parameters()).device
-        )
+        return load_frozen_model(
+            base_path(config), dtype=config.model.dtype, adapter=config.model.adapter
+        ).to(next(model.parameters()).device)
     copied = copy.deepcopy(model)
     for p in copied.parameters():
         p.requires_grad_(False)

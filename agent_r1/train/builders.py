@@ -209,13 +209,18 @@ def base_path(config: TrainConfig) -> str:
 
 def load_reference(config: TrainConfig, model, device: torch.device | None = None):
     """The frozen reference policy for the KL term, or None: no KL (``algorithm.kl.coef: 0``), or LoRA
-    (the reference is the policy with its adapter disabled, no second model)."""
-    if config.algorithm.kl.coef <= 0 or hasattr(model, "peft_config"):
+    from a fresh adapter (the reference is the policy with its adapter disabled, no second model).
+    A run that starts from a saved adapter (``model.adapter``) is held to where it started: the base
+    with that adapter merged, a second copy."""
+    if config.algorithm.kl.coef <= 0 or (hasattr(model, "peft_config") and config.model.adapter is None):
         return None
     from agent_r1.models.loading import load_frozen_model
 
     reference = load_frozen_model(
-        base_path(config), dtype=config.model.dtype, attn_implementation=config.model.attn_implementation
+        base_path(config),
+        dtype=config.model.dtype,
+        attn_implementation=config.model.attn_implementation,
+        adapter=config.model.adapter,
     )
     return reference.to(device) if device is not None else reference
 
@@ -315,7 +320,8 @@ def _deterministic_engine(config: TrainConfig, source, device) -> dict:
 
 def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None, roles=None):
     """The configured engine (``rollout.engine`` with ``rollout.engine_kwargs``) over ``source``: a
-    loaded model (the HF engine), or by default the weights at ``model.path``, loaded frozen (on
+    loaded model (the HF engine), or by default the policy's weights (``model.path``, with
+    ``model.adapter`` merged in when there is one policy), loaded frozen (on
     ``device`` for the HF engine; None: the CPU). With several policies it serves ``roles`` (role ->
     adapter; default ``engine_roles``: the roles of the shared base's policies). An engine that
     cannot be built here is a ``ConfigError`` naming ``rollout.engine``."""
@@ -331,6 +337,8 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None, 
         kwargs["roles"] = engine_roles(config) if roles is None else roles  # each role's adapter, one batch
         if rollout.engine == "vllm":
             kwargs.setdefault("max_lora_rank", max_adapter_rank(config))
+    if source is None and not config.policies:
+        kwargs["adapter"] = config.model.adapter  # merged: the policy's weights (several: its adapters)
     try:
         engine = build_engine(
             rollout.engine,

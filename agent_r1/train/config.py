@@ -19,6 +19,7 @@ reference model is loaded by default.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import sys
 import types
@@ -126,8 +127,24 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = _opt("", "Hugging Face model folder or hub name of the policy (required).")
-    tokenizer: str | None = _opt(None, "Tokenizer folder; defaults to model.path.")
+    path: str = _opt(
+        "",
+        "Hugging Face model folder or hub name of the policy (required). A folder holding a saved LoRA "
+        "adapter (adapter_config.json and its weights, as save_model or a LoRA checkpoint's model/ "
+        "writes it) means that adapter on its base: model.path becomes the base its "
+        "adapter_config.json names, and model.adapter the folder.",
+    )
+    adapter: str | None = _opt(
+        None,
+        "A saved LoRA adapter folder the policy starts from, on the base model.path, trained on with its "
+        "own rank and target modules (model.lora, when unset, takes its settings). Set for you when "
+        "model.path is an adapter folder. With policies: every trained policy on the shared base that "
+        "names no adapter of its own starts from it. The KL reference (algorithm.kl.coef > 0) is then "
+        "the base with this adapter merged, a second copy, not the bare base.",
+    )
+    tokenizer: str | None = _opt(
+        None, "Tokenizer folder; defaults to model.adapter when it holds one, else model.path."
+    )
     dtype: Literal["float32", "bfloat16"] = _opt("float32", "Parameter and compute dtype of the learner.")
     gradient_checkpointing: bool = _opt(False, "Recompute activations in the backward pass to save memory.")
     lora: LoraConfig = _opt(LoraConfig(), "LoRA adapter (peft).")
@@ -670,11 +687,67 @@ def _is_named(cls: type) -> bool:
     return is_dataclass(cls) and any(f.name == "name" for f in fields(cls))
 
 
-def config_from_dict(data: Mapping[str, Any] | None = None) -> TrainConfig:
-    """Build and validate a ``TrainConfig`` from a nested mapping (missing keys take defaults)."""
+def config_from_dict(data: Mapping[str, Any] | None = None, folder: str | Path | None = None) -> TrainConfig:
+    """Build and validate a ``TrainConfig`` from a nested mapping (missing keys take defaults).
+    ``folder``: the config file's, where relative paths are also looked for (``resolve_paths``).
+    A saved adapter at ``model.path`` is read as its base plus ``model.adapter`` (``resolve_adapter``)."""
     config = _build(TrainConfig, data or {})
+    if folder is not None:
+        config = resolve_paths(config, folder)
+    config = resolve_adapter(config)
     _check_cross_field(config)
     return config
+
+
+def resolve_adapter(config: TrainConfig) -> TrainConfig:
+    """The one meaning of a model folder (``agent_r1.models.loading.model_folder``): when
+    ``model.path`` holds a saved LoRA adapter, ``model.path`` becomes its base, ``model.adapter`` the
+    folder and ``model.tokenizer`` (unset) the folder when it holds a tokenizer; ``model.lora`` (rank
+    0) takes the adapter's settings, so that the run is a LoRA run. A ``model.adapter`` is checked to
+    be a LoRA adapter folder. Anything else is returned unchanged."""
+    from agent_r1.models.loading import ModelNotFoundError, adapter_folder_problem, model_folder
+
+    model = config.model
+    if not model.path:
+        if model.adapter is not None:
+            raise ConfigError("model.path", "model.adapter needs its base model: set model.path")
+        return config
+    try:
+        folder = model_folder(model.path, key=None)
+    except ModelNotFoundError as error:
+        raise ConfigError("model.path", str(error)) from None
+    if folder.adapter is not None:
+        if model.adapter is not None:
+            raise ConfigError(
+                "model.adapter",
+                f"model.path {model.path!r} is itself a saved LoRA adapter: give its base model as "
+                "model.path, or leave model.adapter unset",
+            )
+        model = replace(
+            model,
+            path=folder.base,
+            adapter=folder.adapter,
+            tokenizer=model.tokenizer or (folder.adapter if folder.has_tokenizer else None),
+        )
+    elif model.adapter is not None:
+        problem = adapter_folder_problem(Path(model.adapter))
+        if problem is not None:
+            raise ConfigError("model.adapter", problem)
+    else:
+        return config
+    if model.lora.rank == 0:
+        saved = json.loads((Path(model.adapter) / "adapter_config.json").read_text(encoding="utf-8"))
+        targets = saved.get("target_modules")
+        model = replace(
+            model,
+            lora=LoraConfig(
+                rank=int(saved["r"]),
+                alpha=float(saved.get("lora_alpha", saved["r"])),
+                dropout=float(saved.get("lora_dropout") or 0.0),
+                target_modules=sorted(targets) if isinstance(targets, list) else model.lora.target_modules,
+            ),
+        )
+    return replace(config, model=model)
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -986,11 +1059,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 "<root>", f"{path} must hold a mapping of sections, got {type(loaded).__name__}"
             )
         data = dict(loaded or {})
-    config = config_from_dict(apply_overrides(data, overrides))
-    return config if path is None else resolve_paths(config, Path(path).parent)
+    return config_from_dict(apply_overrides(data, overrides), None if path is None else Path(path).parent)
 
 
-PATH_KEYS = ("model.path", "model.tokenizer", "data.train", "data.val")
+PATH_KEYS = ("model.path", "model.adapter", "model.tokenizer", "data.train", "data.val")
 """The keys naming local files or folders (or hub names) that a relative path may be given for."""
 
 

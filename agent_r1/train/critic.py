@@ -52,15 +52,26 @@ class ValueModel(nn.Module):
 
 
 def load_critic(config: ModelConfig) -> ValueModel:
-    """A value model initialised from ``config.path`` (fp32 head; body in ``config.dtype``)."""
+    """A value model initialised from ``config.path`` (fp32 head; body in ``config.dtype``): from the
+    policy's starting weights, i.e. with ``config.adapter`` merged in when the policy starts from a
+    saved adapter."""
     from transformers import AutoModel
 
-    from agent_r1.models.loading import enable_checkpointing, quiet_progress_bars
+    from agent_r1.models.loading import enable_checkpointing, load_frozen_model, quiet_progress_bars
     from agent_r1.train.learner import DTYPES
 
     kernel = {"attn_implementation": config.attn_implementation} if config.attn_implementation else {}
-    with quiet_progress_bars():
-        body = AutoModel.from_pretrained(config.path, dtype=DTYPES[config.dtype], **kernel)
+    if config.adapter is None:
+        with quiet_progress_bars():
+            body = AutoModel.from_pretrained(config.path, dtype=DTYPES[config.dtype], **kernel)
+    else:
+        merged = load_frozen_model(
+            config.path,
+            dtype=config.dtype,
+            attn_implementation=config.attn_implementation,
+            adapter=config.adapter,
+        )
+        body = merged.base_model.train(False).requires_grad_(True)  # the decoder under the LM head
     if config.gradient_checkpointing:
         enable_checkpointing(body)
     return ValueModel(body, body.config.hidden_size).eval()

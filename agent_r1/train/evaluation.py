@@ -64,6 +64,10 @@ def evaluate(
     if not tasks:
         raise ConfigError("data.val", "no validation tasks to evaluate on")
     device = resolve_device(config)
+    if engine is None and model is None and config.model.adapter and config.rollout.engine == "hf":
+        from agent_r1.train.policies import policy_model
+
+        model = policy_model(config)  # the saved adapter on the base, held as train holds it
     if engine is None and config.policies:
         from agent_r1.train.policies import load_own_models, policy_model
 

@@ -29,7 +29,6 @@ import contextlib
 import logging
 import math
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,37 +68,52 @@ def load_policy(config: ModelConfig, *, path: str | None = None, adapters: Seque
     """Load the policy from ``config.path`` (or ``path``) with ``config.attn_implementation``, apply LoRA
     and gradient checkpointing (on the CPU: the caller moves it to ``model.device``). ``adapters``:
     the names of several LoRA adapters (one per trained policy, ``agent_r1.train.policies``), the
-    first active; default one adapter, peft's ``default``."""
+    first active; default one adapter, peft's ``default``.
+
+    A saved LoRA adapter (``config.adapter``, or the folder itself when it holds one:
+    ``agent_r1.models.loading.model_folder``) is where every adapter starts, trainable, with its own
+    saved rank and target modules; otherwise the adapters are fresh, with ``config.lora``'s."""
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.models.loading import enable_checkpointing, model_not_found_as_error, quiet_progress_bars
+    from agent_r1.models.loading import (
+        enable_checkpointing,
+        model_folder,
+        model_not_found_as_error,
+        quiet_peft_warnings,
+        quiet_progress_bars,
+    )
 
+    key = "model.path" if path is None else None
+    folder = model_folder(path or config.path, key)
+    start = folder.adapter or (config.adapter if path is None else None)
     kernel = {"attn_implementation": config.attn_implementation} if config.attn_implementation else {}
-    with model_not_found_as_error(path or config.path, None if path else "model.path"), quiet_progress_bars():
-        model = AutoModelForCausalLM.from_pretrained(
-            path or config.path, dtype=DTYPES[config.dtype], **kernel
-        )
-    if config.lora.rank > 0:
-        from peft import LoraConfig, get_peft_model
+    with model_not_found_as_error(folder.base, key), quiet_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(folder.base, dtype=DTYPES[config.dtype], **kernel)
+    lora = config.lora.rank > 0 or start is not None
+    if lora:
+        from peft import LoraConfig, PeftModel, get_peft_model
 
-        with warnings.catch_warnings():
-            # peft reads transformers' deprecated alias; the warning is theirs, printed on every run
-            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            lora = LoraConfig(
-                r=config.lora.rank,
-                lora_alpha=config.lora.alpha,
-                lora_dropout=config.lora.dropout,
-                target_modules=list(config.lora.target_modules),
-                task_type="CAUSAL_LM",
-            )
+        with quiet_peft_warnings():
             first, *others = adapters or ("default",)
-            model = get_peft_model(model, lora, adapter_name=first)
-            for name in others:
-                model.add_adapter(name, lora)
+            if start is not None:
+                model = PeftModel.from_pretrained(model, start, adapter_name=first, is_trainable=True)
+                for name in others:
+                    model.load_adapter(start, adapter_name=name, is_trainable=True)
+            else:
+                fresh = LoraConfig(
+                    r=config.lora.rank,
+                    lora_alpha=config.lora.alpha,
+                    lora_dropout=config.lora.dropout,
+                    target_modules=list(config.lora.target_modules),
+                    task_type="CAUSAL_LM",
+                )
+                model = get_peft_model(model, fresh, adapter_name=first)
+                for name in others:
+                    model.add_adapter(name, fresh)
             model.set_adapter(first)
     if config.gradient_checkpointing:
         enable_checkpointing(model)
-        if config.lora.rank > 0:
+        if lora:
             model.enable_input_require_grads()
     model.eval()
     return model

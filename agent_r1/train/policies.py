@@ -226,41 +226,48 @@ def check_adapters(config: TrainConfig) -> None:
     """Each ``policies.<name>.adapter`` is a folder that peft saved a LoRA adapter in (its config and
     weights); a ``ConfigError`` naming the key otherwise. Whether it fits the base model is known only
     when it is loaded (``load_saved_adapters``)."""
+    from agent_r1.models.loading import adapter_folder_problem
+
     for name, policy in config.policies.items():
         if policy.adapter is not None:
-            problem = _adapter_folder_problem(Path(policy.adapter))
+            problem = adapter_folder_problem(Path(policy.adapter))
             if problem is not None:
                 raise ConfigError(f"policies.{name}.adapter", problem)
 
 
-def _adapter_folder_problem(folder: Path) -> str | None:
-    if not folder.is_dir():
-        return (
-            f"{str(folder)!r} is not a folder (a relative path is taken from the working directory, "
-            f"{Path.cwd()}, else from the config file's folder)"
-        )
-    config_file = folder / "adapter_config.json"
-    if not config_file.is_file():
-        inside = sorted(p.parent.name for p in folder.glob("*/adapter_config.json"))
-        hint = (
-            f": give one of its subfolders {inside} (peft saves an adapter not named 'default' in a "
-            "subfolder of its name)"
-            if inside
-            else ""
-        )
-        return f"{str(folder)!r} holds no adapter_config.json, so it is no adapter peft saved{hint}"
-    try:
-        saved = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        return f"{config_file} cannot be read: {error}"
-    if not isinstance(saved, dict) or saved.get("peft_type") != "LORA":
-        kind = saved.get("peft_type") if isinstance(saved, dict) else None
-        return f"{str(folder)!r} holds a {kind} adapter; a policy is a LoRA adapter"
-    if saved.get("use_dora"):
-        return f"{str(folder)!r} holds a DoRA adapter; the engines mix plain LoRA adapters in one batch only"
-    if not any((folder / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
-        return f"{str(folder)!r} holds no adapter weights (adapter_model.safetensors)"
-    return None
+def what_loads(config: TrainConfig) -> list[str]:
+    """What the run's policies load, one line each, as ``agent-r1 check`` prints it: the base, the
+    saved adapter the policy starts from (``model.adapter``) or a fresh one, and with several
+    policies each policy's own. Reads adapter configs only, no weights."""
+    from agent_r1.models.loading import describe_lora, model_folder
+
+    def saved(folder: str) -> str:
+        return describe_lora(json.loads((Path(folder) / "adapter_config.json").read_text(encoding="utf-8")))
+
+    lora = config.model.lora
+    fresh = f"a fresh LoRA adapter of rank {lora.rank}, alpha {lora.alpha:g}" if lora.rank > 0 else None
+    start = None
+    if config.model.adapter:
+        start = f"starts from the saved adapter {config.model.adapter!r} ({saved(config.model.adapter)})"
+    lines = [f"model.path {config.model.path!r}: the base model"]
+    if not config.policies:
+        lines.append(f"policy: {start or fresh or 'every weight trained (model.lora.rank: 0)'}")
+        return lines
+    for name, policy in config.policies.items():
+        if policy.server is not None:
+            what = f"sampled by the server {policy.server}"
+        elif policy.path is not None:
+            folder = model_folder(policy.path, f"policies.{name}.path")
+            what = f"a model of its own, {folder.describe()}"
+            what += "" if policy.frozen else f"; trained: {'that adapter' if folder.adapter else fresh}"
+        elif policy.adapter is not None:
+            what = f"{'the' if policy.frozen else 'starts from the'} saved adapter {policy.adapter!r} ({saved(policy.adapter)})"
+        elif policy.frozen:
+            what = "the base model, every adapter off"
+        else:
+            what = start or fresh
+        lines.append(f"policies.{name} ({'frozen' if policy.frozen else 'trained'}): {what}")
+    return lines
 
 
 def policy_model(config: TrainConfig):
@@ -313,7 +320,7 @@ def check_own_models(config: TrainConfig, tokenizer) -> None:
     """Each ``policies.<name>.path`` is a model folder whose tokenizer is the run's (the same
     vocabulary and chat template: an episode's prompts are tokenized once, for every role); a
     ``ConfigError`` naming the key otherwise. Reads tokenizer files only, no weights."""
-    from agent_r1.models.loading import ModelNotFoundError, load_tokenizer
+    from agent_r1.models.loading import ModelNotFoundError, load_tokenizer, model_folder
 
     for name in own_model_policies(config):
         key, path = f"policies.{name}.path", config.policies[name].path
@@ -324,7 +331,10 @@ def check_own_models(config: TrainConfig, tokenizer) -> None:
                 f"{Path.cwd()}, else from the config file's folder)",
             )
         try:
-            own = load_tokenizer(path, require_template=False)
+            folder = model_folder(path, key)  # a saved adapter: its own tokenizer, else its base's
+            own = load_tokenizer(
+                folder.adapter if folder.has_tokenizer else folder.base, require_template=False
+            )
         except (ModelNotFoundError, OSError, ValueError) as error:
             raise ConfigError(key, f"{path!r}: its tokenizer cannot be loaded: {error}") from None
         if own.get_vocab() != tokenizer.get_vocab():
@@ -389,12 +399,12 @@ def adapter_folders(config: TrainConfig) -> dict[str, str]:
 
 
 def max_adapter_rank(config: TrainConfig) -> int:
-    """The largest LoRA rank the engine serves: ``model.lora.rank``, or a saved adapter's."""
+    """The largest LoRA rank the engine serves: ``model.lora.rank``, or a saved adapter's
+    (``model.adapter``, ``policies.<name>.adapter``)."""
     ranks = [config.model.lora.rank]
-    for policy in config.policies.values():
-        if policy.adapter is not None:
-            saved = json.loads((Path(policy.adapter) / "adapter_config.json").read_text(encoding="utf-8"))
-            ranks.append(int(saved.get("r", 0)))
+    saved = [p.adapter for p in config.policies.values() if p.adapter is not None]
+    for folder in [config.model.adapter] * (config.model.adapter is not None) + saved:
+        ranks.append(int(json.loads((Path(folder) / "adapter_config.json").read_text(encoding="utf-8"))["r"]))
     return max(ranks)
 
 

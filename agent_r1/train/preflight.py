@@ -51,7 +51,7 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
         load_config_tokenizer,
         resolve_device,
     )
-    from agent_r1.train.policies import check_adapters, check_own_models
+    from agent_r1.train.policies import check_adapters, check_own_models, what_loads
 
     report = [f"device: {resolve_device(config)}"]
     check_attention(config)
@@ -72,6 +72,7 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
         for name, policy in config.policies.items()
         if policy.path is not None
     ]
+    report += what_loads(config)
     tasks = {}
     for split in splits:
         if split == "data.val" and not config.data.val and len(splits) > 1:
@@ -85,16 +86,23 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
 
 
 def _check_model_source(config: TrainConfig) -> str:
-    """The key the tokenizer loads from, checked to be a folder or a Hub name that can be loaded."""
+    """The key the tokenizer loads from, checked (and ``model.path``, the weights, when the tokenizer
+    comes from elsewhere) to be a folder or a Hub name that can be loaded."""
+    key = "model.tokenizer" if config.model.tokenizer else "model.path"
+    if not (config.model.tokenizer or config.model.path):
+        raise ConfigError("model.path", "no model given: set model.path")
+    _check_source(key, config.model.tokenizer or config.model.path)
+    if config.model.path and key != "model.path":
+        _check_source("model.path", config.model.path)
+    return key
+
+
+def _check_source(key: str, value: str) -> None:
     from agent_r1.models.loading import go_offline, hub_reachable, in_hub_cache
 
-    key = "model.tokenizer" if config.model.tokenizer else "model.path"
-    value = config.model.tokenizer or config.model.path
-    if not value:
-        raise ConfigError("model.path", "no model given: set model.path")
     path = Path(value).expanduser()
     if path.is_dir():
-        return key
+        return
     named = (
         f"{key} = {value!r} is not a local folder (a relative path is taken from the working "
         f"directory, {Path.cwd()}, else from the config file's folder)"
@@ -113,7 +121,6 @@ def _check_model_source(config: TrainConfig) -> str:
                 f"({constants.HF_HUB_CACHE}) while the Hub ({constants.ENDPOINT}) cannot be reached: give "
                 f"the model's folder, or download it beforehand (hf download {value})"
             )
-    return key
 
 
 def _check_env_resets(config: TrainConfig, tokenizer, tasks: dict[str, list[dict]]) -> list[str]:

@@ -25,7 +25,10 @@ from agent_r1.envs.base import EnvKwargsError
 from agent_r1.envs.gateway import Gateway, engine_sampler, exact_fraction
 from agent_r1.flows.base import AgentEnvLoop
 from agent_r1.rollout.hf import HFEngine
+from agent_r1.train.backends import LocalRollout
 from agent_r1.train.config import config_from_dict
+from agent_r1.train.evaluation import evaluate_rollouts
+from agent_r1.train.sft import replay_demonstrations, sft_sequences
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import SamplingParams, TrajectoryStatus
 
@@ -186,6 +189,68 @@ def test_a_standalone_gateway_samples_each_role_in_both_dialects(tiny_tokenizer)
     assert oai_refused.body["param"] == "model" and "['planner', 'executor']" in oai_refused.message
     assert ant_refused.body["error"]["type"] == "not_found_error" and "'claude'" in ant_refused.message
     assert exact_fraction(records) == 1.0  # each role's first call starts its own trajectory
+
+
+# ----------------------------------------------------------- evaluation and the warm start
+
+
+def plan_execute_script(prompt: str) -> str:
+    """The engine double's answer to each of ``plan_execute_plan``'s calls, read from its prompt."""
+    if "Result:" in prompt:
+        return "checked"
+    return "did it" if "Do this:" in prompt else "plan"
+
+
+def test_evaluation_counts_an_episode_of_two_roles_once(tiny_tokenizer):
+    """``eval/episodes`` is tasks x eval_n: an episode of two roles is one episode and two
+    trajectories (``eval/trajectories``), whichever of its roles the mean reward is over."""
+    flow = AgentEnvLoop(
+        lambda: AgentProgramEnv(tiny_tokenizer, plan_execute_plan, roles=ROLES),
+        tiny_tokenizer,
+        SamplingParams(max_tokens=64),
+    )
+    engine = ScriptedEngine(tiny_tokenizer, plan_execute_script)
+    rollouts = LocalRollout(engine, flow, flow, shares_model=True)
+    tasks = [{"id": f"t{i}", "prompt": f"Plan {i}, then do."} for i in range(3)]
+    try:
+        metrics = evaluate_rollouts(rollouts, tasks, config_from_dict({"rollout": {"eval_n": 2}}), 0)
+    finally:
+        rollouts.close()
+    assert len(engine.calls) == 3 * 2 * 3  # tasks x eval_n episodes of three calls
+    assert (metrics["eval/tasks"], metrics["eval/episodes"], metrics["eval/trajectories"]) == (
+        3,
+        3 * 2,
+        3 * 2 * 2,
+    )
+    assert metrics["eval/reward"] == metrics["eval/success"] == 1.0 and metrics["eval/error_fraction"] == 0.0
+
+
+def test_a_replayed_demonstration_of_two_roles_is_one_trajectory_per_role(tiny_tokenizer):
+    """A warm start's demonstrations are split by role as the rollout splits an episode: the same
+    roles, prompts, response tokens and outcomes as the loop sampling the same responses."""
+    responses = ["plan", "did it", "checked"]
+    tasks = [{"id": f"t{i}", "prompt": f"Plan {i}, then do."} for i in range(2)]
+
+    def env():
+        return AgentProgramEnv(tiny_tokenizer, per_role, roles=ROLES)
+
+    demos = replay_demonstrations(env, tiny_tokenizer, tasks, lambda task, rng: responses)
+    assert [(d.task_id, d.role, len(d.steps)) for d in demos] == [
+        ("t0", "planner", 2),
+        ("t0", "executor", 1),
+        ("t1", "planner", 2),
+        ("t1", "executor", 1),
+    ]
+    assert [d.outcome_reward for d in demos] == [1.0, 0.5, 1.0, 0.5]  # each role's own outcome
+    loop = AgentEnvLoop(env, tiny_tokenizer, SamplingParams(max_tokens=64))
+    sampled = asyncio.run(loop.run(ScriptedEngine(tiny_tokenizer, responses), tasks[0]))
+    for demo, rolled in zip(demos[:2], sampled, strict=True):
+        assert demo.role == rolled.role and demo.outcome_reward == rolled.outcome_reward
+        assert demo.info["success"] == rolled.info["success"]
+        assert [(list(s.prompt_ids), list(s.response_ids)) for s in demo.steps] == [
+            (list(s.prompt_ids), list(s.response_ids)) for s in rolled.steps
+        ]
+    assert len(sft_sequences(demos)) == 4  # one sequence per role's trajectory
 
 
 # ----------------------------------------------------------------------- the Agents SDK: a handoff

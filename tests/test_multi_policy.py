@@ -15,6 +15,7 @@ from trainer_envs import LowHighEnv
 from agent_r1.flows.base import AgentEnvLoop, by_role, rollout_group, split_roles
 from agent_r1.train.config import ConfigError, config_from_dict
 from agent_r1.train.policies import by_policy, engine_roles, policy_of
+from agent_r1.train.summary import episode_count, evaluation_metrics
 from agent_r1.train.trainer import Trainer
 from agent_r1.types import (
     Completion,
@@ -108,6 +109,27 @@ def test_an_error_before_any_role_acted_is_counted_once():
     a, b = split_roles([group])
     assert [t.status for t in a.trajectories] == [TrajectoryStatus.OK, TrajectoryStatus.ERROR]
     assert [t.status for t in b.trajectories] == [TrajectoryStatus.OK]
+
+
+def test_evaluation_counts_episodes_tasks_and_trajectories():
+    """Two tasks, two samples each: a sample of two roles is one episode of two trajectories (linked
+    by ``info["episode"]``, as ``rollout_group`` gives them), and a sample that raised before any role
+    acted is one episode of one ERROR trajectory."""
+
+    def episode(group_id: str, sample: int, reward: float) -> list[Trajectory]:
+        info = {"episode": f"{group_id}/{sample}"}
+        return [Trajectory("t", (_step(),), group_id, reward, info=info, role=r) for r in ("a", "b")]
+
+    error = Trajectory("u", (), "1:u", status=TrajectoryStatus.ERROR, error="boom")
+    groups = [
+        TrajectoryGroup("0:t", "t", (*episode("0:t", 0, 1.0), *episode("0:t", 1, 0.0))),
+        TrajectoryGroup("1:u", "u", (*episode("1:u", 0, 1.0), error)),
+    ]
+    metrics = evaluation_metrics(groups)
+    assert (metrics["eval/tasks"], metrics["eval/episodes"], metrics["eval/trajectories"]) == (2, 4, 7)
+    assert metrics["eval/error_fraction"] == 1 / 7  # of the trajectories
+    assert metrics["eval/reward"] == metrics["eval/success"] == 4 / 7
+    assert episode_count(t for g in split_roles(groups) for t in g.trajectories) == 4  # split or not
 
 
 # ---------------------------------------------------------------------------------- config
@@ -363,6 +385,7 @@ def test_eval_serves_every_policy_of_a_checkpoint(tiny_checkpoint, tmp_path, cap
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000003"
     assert main(["eval", str(path), "--checkpoint", str(checkpoint)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert printed["eval/episodes"] == expected["eval/episodes"] == 3 * 2 * 2  # tasks x eval_n x roles
+    assert printed["eval/episodes"] == expected["eval/episodes"] == 3 * 2  # tasks x eval_n
+    assert printed["eval/trajectories"] == 3 * 2 * 2  # one per role of each episode
     assert printed == expected
     assert printed["eval/reward"] != untrained.get("eval/reward")

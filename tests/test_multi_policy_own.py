@@ -159,4 +159,8 @@ def test_eval_of_a_checkpoint_samples_each_policy_s_own_model(tiny_checkpoint, o
     dump_config(config, path)
     assert main(["eval", str(path), "--checkpoint", str(checkpoint)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert printed == expected and printed["eval/episodes"] == 3 * 2 * 2
+    assert (
+        printed == expected
+        and printed["eval/episodes"] == 3 * 2
+        and printed["eval/trajectories"] == 3 * 2 * 2
+    )

@@ -384,6 +384,11 @@ def test_the_headline_names_the_baseline_and_what_was_evaluated(run_dir):
     assert headline(rows)["text"] == "held-out reward 0.5 → 0.75 (+0.25)"
     assert headline(rows)["detail"] == "step 3 (the first evaluation) → step 9"
     assert headline([{"step": 1, "reward/mean": 0.2}]) is None
+    # Episodes of two roles: the mean is over each role's trajectory, and the size says so.
+    size = {"eval/tasks": 3, "eval/episodes": 6, "eval/trajectories": 12}
+    rows = [{"step": 0, "eval/success": 0.5, **size}, {"step": 4, "eval/success": 0.75, **size}]
+    assert headline(rows)["text"] == "held-out success 50% → 75% (+25.0 pts, 3 tasks × 2, 12 trajectories)"
+    assert metric_unit("eval/trajectories") == metric_unit("eval/episodes") == "count"
 
 
 def test_the_phase_timeline_is_drawn_from_its_own_metrics_not_charted(run_dir):

@@ -49,6 +49,8 @@ __all__ = [
     "EngineError",
     "PromptTooLongError",
     "SingleStepFlow",
+    "by_role",
+    "reported_success",
     "rollout_group",
     "rollout_groups",
     "short_traceback",
@@ -326,7 +328,7 @@ class AgentEnvLoop(AgentFlow):
                 elif result.outcome_reward is not None:
                     outcome_reward = float(result.outcome_reward)
                 if "success" in result.info:
-                    info["success"] = _success(result.info["success"])
+                    info["success"] = reported_success(result.info["success"])
                 if result.terminated or result.truncated:
                     break
                 assert result.observation is not None  # StepResult enforces it for a running episode
@@ -365,7 +367,7 @@ class AgentEnvLoop(AgentFlow):
         return generate
 
 
-def _success(value: Any) -> bool | dict[str, bool]:
+def reported_success(value: Any) -> bool | dict[str, bool]:
     """``info["success"]`` as the env reported it: a bool, or ``{role: bool}`` for each role's own."""
     if isinstance(value, Mapping):
         return {str(role): bool(v) for role, v in value.items()}
@@ -426,7 +428,7 @@ def _ended_at_reset(result: StepResult) -> tuple[float, dict[str, Any]]:
         raise ValueError("AgentEnv.reset returned a StepResult with policy_steps; reset has no action")
     info: dict[str, Any] = {"ended_at_reset": dict(result.info)}
     if "success" in result.info:
-        info["success"] = _success(result.info["success"])
+        info["success"] = reported_success(result.info["success"])
     if isinstance(result.outcome_reward, dict):
         raise ValueError(
             "AgentEnv.reset returned a StepResult with an outcome per role: no role acted, so there is "

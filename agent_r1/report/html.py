@@ -92,7 +92,7 @@ def metric_unit(key: str) -> str:
         return "steps"
     if name.startswith("staleness"):
         return "policy versions"
-    if first == "eval" and name in ("tasks", "episodes"):
+    if first == "eval" and name in ("tasks", "episodes", "trajectories"):
         return "count"
     if first == "filter":
         return "groups"
@@ -320,7 +320,9 @@ def headline(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
     baseline (step 0 is the model before any update), against the last one.
 
     ``{"metric", "baseline_step", "final_step", "before", "after", "text", "detail"}``, e.g. text
-    "held-out success 37% → 66% (+28.5 pts, 100 tasks × 4)"; None without evaluation rows."""
+    "held-out success 37% → 66% (+28.5 pts, 100 tasks × 4)" (tasks × episodes per task; with several
+    roles also the trajectories the mean is over: "3 tasks × 2, 12 trajectories"); None without
+    evaluation rows."""
     evaluated = {
         k: [r for r in metrics if r.get(k) is not None and r.get("step") is not None]
         for k in ("eval/success", "eval/reward")
@@ -341,6 +343,9 @@ def headline(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
             if per_task.is_integer()
             else f"{_fmt(episodes)} episodes"
         )
+        trajectories = last.get("eval/trajectories")
+        if trajectories and trajectories > episodes:  # episodes of several roles: one trajectory each
+            size += f", {_fmt(trajectories)} trajectories"
 
     def shown(v: float) -> str:
         return f"{100 * v:.0f}%" if name == "success" else _fmt(v)

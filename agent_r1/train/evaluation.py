@@ -27,7 +27,9 @@ def evaluate_rollouts(
 ) -> dict[str, float]:
     """``rollout.eval_n`` samples of every task on a rollout backend's evaluation flow, seeded by
     (seed, step): ``eval/reward``, ``eval/success`` (an ERROR trajectory counts as 0),
-    ``eval/error_fraction``, ``eval/tasks`` and ``eval/episodes``, within the error budget (``rollout_health``: too many errors raise)."""
+    ``eval/error_fraction``, ``eval/tasks``, ``eval/episodes`` (tasks x eval_n, an episode of several
+    roles counted once) and ``eval/trajectories`` (one per role of each episode), within the error
+    budget (``rollout_health``: too many errors raise)."""
     base = f"{config.trainer.seed}:eval:{step}"
     groups = rollouts.collect(rollouts.submit(tasks, config.rollout.eval_n, base, evaluation=True))
     halt = rollout_health(groups, config.trainer.max_error_fraction, f"evaluation at step {step}")

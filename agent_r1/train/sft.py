@@ -26,6 +26,7 @@ import asyncio
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from agent_r1.envs.base import AgentEnv
+from agent_r1.flows.base import by_role, reported_success
 from agent_r1.models.tokens import observation_ids
 from agent_r1.train.batch import batch_of, kernel_pair_cost
 from agent_r1.train.batching import StepRows, TrainSequence, count_tokens, pack_trees, share_prefixes
@@ -72,8 +74,11 @@ class SFTConfig:
 
 async def replay_demonstration(
     env: AgentEnv, tokenizer: PreTrainedTokenizerBase, task: Task, responses: Sequence[str]
-) -> Trajectory:
-    """Play ``responses`` through ``env`` as the model's actions; return the episode as a Trajectory.
+) -> Trajectory | list[Trajectory]:
+    """Play ``responses`` through ``env`` as the model's actions; return the episode as a Trajectory,
+    or, when its observations name roles, one Trajectory per role (``agent_r1.flows.base.by_role``,
+    as ``AgentEnvLoop`` splits an episode: each response is a step of the role its observation names,
+    each role with its own outcome when the env reports ``{role: reward}``).
 
     The env's own policy calls (``StepResult.policy_steps``, e.g. summaries written by a policy lent
     to it with ``AgentEnv.lend_policy``) follow the step that caused them, as in ``AgentEnvLoop``.
@@ -84,7 +89,9 @@ async def replay_demonstration(
     eos = tokenizer.eos_token_id
     where = f"demonstration of task {task.get('id', '(no id)')!r}"
     steps: list[Step] = []
-    outcome, info = 0.0, {}
+    roles: list[str | None] = []  # the role of each step
+    outcome: float | dict[str, float] = 0.0
+    info: dict[str, Any] = {}
     try:
         observation = await env.reset(task)
         if isinstance(observation, StepResult):  # over before any action: nothing to demonstrate
@@ -111,10 +118,13 @@ async def replay_demonstration(
             )
             # Calls the env made to the policy it was lent (a demonstrated summary) are demonstrated too.
             steps.extend(result.policy_steps)
-            if result.outcome_reward is not None:
+            roles += [observation.role] * (1 + len(result.policy_steps))
+            if isinstance(result.outcome_reward, dict):
+                outcome = dict(result.outcome_reward)
+            elif result.outcome_reward is not None:
                 outcome = float(result.outcome_reward)
             if "success" in result.info:
-                info["success"] = bool(result.info["success"])
+                info["success"] = reported_success(result.info["success"])
             ended = result.terminated or result.truncated
             if ended != (i == len(responses) - 1):
                 state = "ended" if ended else "did not end"
@@ -124,7 +134,7 @@ async def replay_demonstration(
             observation = result.observation
     finally:
         await env.close()
-    return Trajectory(str(task.get("id", "")), steps, outcome_reward=outcome, info=info)
+    return by_role(Trajectory(str(task.get("id", "")), (), info=info), steps, roles, outcome)
 
 
 def replay_demonstrations(
@@ -135,14 +145,16 @@ def replay_demonstrations(
     *,
     seed: int = 0,
 ) -> list[Trajectory]:
-    """One demonstration per task (``demonstrate(task, rng)``), each replayed through a fresh env."""
+    """One demonstration per task (``demonstrate(task, rng)``), each replayed through a fresh env:
+    its trajectory, or one per role for an episode of several roles (``replay_demonstration``)."""
     rng = random.Random(seed)
     demos = [(task, demonstrate(task, rng)) for task in tasks]
 
     async def replay_all() -> list[Trajectory]:
-        return list(
-            await asyncio.gather(*(replay_demonstration(env_factory(), tokenizer, t, r) for t, r in demos))
+        episodes = await asyncio.gather(
+            *(replay_demonstration(env_factory(), tokenizer, t, r) for t, r in demos)
         )
+        return [t for e in episodes for t in (e if isinstance(e, list) else [e])]
 
     return asyncio.run(replay_all())
 

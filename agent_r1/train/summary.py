@@ -21,6 +21,7 @@ __all__ = [
     "RewardFn",
     "RolloutSummary",
     "env_metrics",
+    "episode_count",
     "evaluation_metrics",
     "score_groups",
     "summarize_rollout",
@@ -162,15 +163,33 @@ def score_groups(
     ]
 
 
+def episode_count(trajectories: Iterable[Trajectory]) -> int:
+    """How many episodes ``trajectories`` come from: the trajectories of one episode of several roles
+    share ``info["episode"]`` (``agent_r1.flows.base.rollout_group``) and count once; any other
+    trajectory is an episode of its own."""
+    linked: set[str] = set()
+    alone = 0
+    for t in trajectories:
+        episode = t.info.get("episode")
+        if isinstance(episode, str):
+            linked.add(episode)
+        else:
+            alone += 1
+    return len(linked) + alone
+
+
 def evaluation_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     """``eval/reward`` and ``eval/success`` over every trajectory (ERROR ones count as 0),
-    ``eval/error_fraction``, and what they were measured on: ``eval/tasks`` and ``eval/episodes``
-    (the report's headline reads "100 tasks x 4" from them)."""
+    ``eval/error_fraction`` (the share of trajectories in ERROR), and what they were measured on:
+    ``eval/tasks`` (one group per task), ``eval/episodes`` (tasks x samples; an episode of several
+    roles is one) and ``eval/trajectories`` (one per role of each episode). The report's headline
+    reads "100 tasks x 4" from the first two."""
     trajectories = [t for g in groups for t in g.trajectories]
     ok = [t.status is not TrajectoryStatus.ERROR for t in trajectories]
     return {
         "eval/tasks": float(len(groups)),
-        "eval/episodes": float(len(trajectories)),
+        "eval/episodes": float(episode_count(trajectories)),
+        "eval/trajectories": float(len(trajectories)),
         "eval/error_fraction": _mean([float(not k) for k in ok]),
         "eval/reward": _mean([t.total_reward if k else 0.0 for t, k in zip(trajectories, ok, strict=True)]),
         "eval/success": _mean(

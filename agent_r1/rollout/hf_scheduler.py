@@ -185,7 +185,9 @@ class Scheduler:
         self.batch_invariant = batch_invariant
         if batch_invariant:
             invariant.install()
-        self._batch = DecodeBatch(max_batch_size, invariant.padded_rows if batch_invariant else None)
+        self._batch: DecodeBatch[Request] = DecodeBatch(
+            max_batch_size, invariant.padded_rows if batch_invariant else None
+        )
 
     @property
     def requests(self) -> list[Request]:

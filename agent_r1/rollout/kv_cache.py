@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 import torch
 from transformers import DynamicCache
@@ -24,10 +24,12 @@ from transformers.cache_utils import DynamicLayer
 
 from agent_r1.rollout import cascade
 
-if TYPE_CHECKING:
-    from agent_r1.rollout.hf_scheduler import Request
-
 __all__ = ["DecodeBatch", "GrowingLayer", "new_cache"]
+
+# What sits in a cache row: the scheduler's request (``agent_r1.rollout.hf_scheduler.Request``). The
+# batch never reads one, it only tells a live row from a finished one (None), so it takes any type and
+# the scheduler, which imports this module, is not imported back.
+RequestT = TypeVar("RequestT")
 
 
 class GrowingLayer(DynamicLayer):
@@ -143,7 +145,7 @@ def new_cache(num_layers: int) -> DynamicCache:
     return cache
 
 
-class DecodeBatch:
+class DecodeBatch(Generic[RequestT]):
     """The decode batch: a left-padded KV cache of B rows, its mask (B, T), ``rows[i]``, the
     request in cache row ``i``, or None once that request finished, and ``blocks[i]``, the shared
     prompt block row ``i`` extends (its cache then holds only the tokens after it), or None.
@@ -172,7 +174,7 @@ class DecodeBatch:
         self.clear()
 
     def clear(self) -> None:
-        self.rows: list[Request | None] = []
+        self.rows: list[RequestT | None] = []
         self.blocks: list[cascade.Block | None] = []
         self.cache: DynamicCache | None = None
         self.mask_BT: torch.Tensor | None = None
@@ -197,7 +199,7 @@ class DecodeBatch:
         return cascade.Window(recent, max(spans), torch.tensor(rows, device=self.mask_BT.device))
 
     @property
-    def requests(self) -> list[Request]:
+    def requests(self) -> list[RequestT]:
         """The live requests, in row order."""
         return [r for r in self.rows if r is not None]
 
@@ -205,7 +207,7 @@ class DecodeBatch:
     def live_rows(self) -> list[int]:
         return [i for i, r in enumerate(self.rows) if r is not None]
 
-    def merge(self, requests: list[Request], cache: DynamicCache, mask_BT: torch.Tensor, blocks) -> None:
+    def merge(self, requests: list[RequestT], cache: DynamicCache, mask_BT: torch.Tensor, blocks) -> None:
         """Append newly prefilled rows (their own cache and mask, and the blocks they extend): in place
         when the buffers have room, else by re-laying the live rows and the new ones into a fresh cache
         (finished rows dropped)."""

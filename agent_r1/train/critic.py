@@ -29,7 +29,7 @@ from agent_r1.train.config import ModelConfig
 
 if TYPE_CHECKING:
     from agent_r1.train.batch import TrainBatch
-    from agent_r1.train.phases import StepContext
+    from agent_r1.train.step_context import StepContext
 
 __all__ = ["ValueModel", "load_critic", "micro_batch_values", "values"]
 

@@ -1,49 +1,25 @@
 """The learning phases of a training step: after the batch is built, each phase is a unit
-``(batch, context) -> (batch, metrics)`` that returns the batch enriched with its per-token result
-(``TrainBatch.with_tokens``) and the metrics it measured. ``LEARNING_PHASES`` is their sequence; the
-trainer runs it in order and times each phase as ``time/<name>`` (docs/training.md, "One training
-step"). A phase lives with what it serves: the critic's values in ``agent_r1.train.critic``, the
-teacher in ``agent_r1.train.teacher``, PPO's epochs in ``agent_r1.train.update``; the algorithms
-they call are ``agent_r1.algos``' pure functions. A new capability is a new phase and one line in
-the sequence, never a branch in the trainer.
+``(batch, context) -> (batch, metrics)`` (``agent_r1.train.step_context``) that returns the batch
+enriched with its per-token result (``TrainBatch.with_tokens``) and the metrics it measured.
+``LEARNING_PHASES`` is their sequence; the trainer runs it in order and times each phase as
+``time/<name>`` (docs/training.md, "One training step"). A phase lives with what it serves: the
+critic's values in ``agent_r1.train.critic``, the teacher in ``agent_r1.train.teacher``, PPO's epochs
+in ``agent_r1.train.update``; the algorithms they call are ``agent_r1.algos``' pure functions. A new
+capability is a new phase and one line in the sequence, never a branch in the trainer.
 
 A phase with nothing to do (no KL term, no critic, no teacher) returns the batch unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
-from agent_r1.algos import Needs, ValueObjective, compute_advantages, correct_tokens, kl_reward_penalty
+from agent_r1.algos import compute_advantages, correct_tokens, kl_reward_penalty
 from agent_r1.train import critic, teacher, update
 from agent_r1.train.batch import TrainBatch
-from agent_r1.train.config import TrainConfig
-from agent_r1.train.learner import TokenLoss
-from agent_r1.train.role_baseline import RoleBaselines
+from agent_r1.train.step_context import Phase, StepContext
 
-__all__ = ["LEARNING_PHASES", "Phase", "StepContext", "advantages", "old_logprobs", "reference"]
-
-
-@dataclass(frozen=True)
-class StepContext:
-    """What the learning phases of step ``step`` read besides the batch: the configuration, the
-    learner and rollout backends (``agent_r1.train.backends``), the objectives, what the
-    configured estimator needs (``agent_r1.algos.Needs``) and the state the phases keep from step to
-    step (``baselines``: ``rae``'s running mean per role, ``agent_r1.train.role_baseline``)."""
-
-    config: TrainConfig
-    learner: Any  # a LearnerBackend
-    rollouts: Any  # a RolloutBackend (the update puts its engine to sleep)
-    step: int
-    objective: TokenLoss
-    value_objective: ValueObjective
-    needs: Needs
-    baselines: RoleBaselines | None = None
-
-
-Phase = Callable[[TrainBatch, StepContext], tuple[TrainBatch, dict[str, float]]]
+__all__ = ["LEARNING_PHASES", "advantages", "old_logprobs", "reference"]
 
 
 def old_logprobs(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:

@@ -35,7 +35,7 @@ from agent_r1.train.learner import micro_batch_logprobs
 
 if TYPE_CHECKING:
     from agent_r1.train.batch import TrainBatch
-    from agent_r1.train.phases import StepContext
+    from agent_r1.train.step_context import StepContext
 
 __all__ = [
     "LocalTeacher",

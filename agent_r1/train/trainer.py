@@ -81,7 +81,7 @@ from agent_r1.train.data import TaskSampler, config_tasks
 from agent_r1.train.evaluation import evaluate_rollouts
 from agent_r1.train.health import ZeroVarianceWatch, error_budget
 from agent_r1.train.learner import TokenLoss
-from agent_r1.train.phases import LEARNING_PHASES, StepContext
+from agent_r1.train.phases import LEARNING_PHASES
 from agent_r1.train.policies import by_policy, prefixed, role_metrics
 from agent_r1.train.preemption import Preempted, PreemptionGuard, StopSampling
 from agent_r1.train.process import apply_process_settings
@@ -90,6 +90,7 @@ from agent_r1.train.resume import ResumeMode, resume_checkpoint
 from agent_r1.train.role_baseline import RoleBaselines
 from agent_r1.train.run_dir import RunDir
 from agent_r1.train.schedule import Rollout, RolloutSchedule
+from agent_r1.train.step_context import StepContext
 from agent_r1.train.summary import (
     RewardFn,
     RolloutSummary,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -16,9 +15,7 @@ from agent_r1.train.batch import TrainBatch, hash_seed
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.learner import MiniBatch, TokenLoss
-
-if TYPE_CHECKING:
-    from agent_r1.train.phases import StepContext
+from agent_r1.train.step_context import StepContext
 
 __all__ = ["loss_weights", "ppo_update", "update"]
 

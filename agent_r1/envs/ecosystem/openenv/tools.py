@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent_r1.envs.ecosystem.openenv.text import as_text
 from agent_r1.tools import Tool
 
-if TYPE_CHECKING:
-    from agent_r1.envs.ecosystem.openenv.env import OpenEnvEnv
+__all__ = ["OpenEnvTool", "ToolCaller", "tool_failed", "tool_text"]
 
-__all__ = ["OpenEnvTool", "tool_failed", "tool_text"]
+
+class ToolCaller(Protocol):
+    """What an ``OpenEnvTool`` runs its calls through: the env whose session the tool belongs to
+    (``agent_r1.envs.ecosystem.openenv.env.OpenEnvEnv``). The env builds its tools and so imports this
+    module; naming the env by this protocol keeps the import one way."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> str: ...
 
 
 class OpenEnvTool(Tool):
     """One tool of an OpenEnv MCP environment; a call is a ``CallToolAction`` step of its session."""
 
     def __init__(
-        self, name: str, description: str, input_schema: Mapping[str, Any], owner: OpenEnvEnv
+        self, name: str, description: str, input_schema: Mapping[str, Any], owner: ToolCaller
     ) -> None:
         super().__init__(
             name, description, dict(input_schema or {"type": "object", "properties": {}}), timeout=None

@@ -108,7 +108,11 @@ def test_metrics_follow_the_run_directory_contract(trained):
     assert sorted(p.name for p in (run_dir / "trajectories").iterdir()) == [
         f"step_{s:06d}.jsonl" for s in range(1, 7)
     ]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+    # the step-6 evaluation beat the start's: its checkpoint is also kept as checkpoints/best
+    evaluated = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last_eval = [r for r in evaluated if "eval/success" in r][-1]
+    best = ["best"] if last_eval["watch/best_step"] == 6 else []
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == best + ["step_000003", "step_000006"]
     report = (run_dir / "report.html").read_text()  # written when fit() ends
     assert "<html" in report and "reward/mean" in report
 

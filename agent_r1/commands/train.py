@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="like --resume, but start a fresh run when trainer.run_dir holds no checkpoint",
     )
     resume.add_argument(
+        "--resume-from",
+        dest="resume",
+        metavar="CHECKPOINT",
+        help="continue from this checkpoint folder (e.g. RUN_DIR/checkpoints/best, the best evaluation's) "
+        "instead of the newest; the run directory's newer checkpoints are set aside as superseded-step_N",
+    )
+    resume.add_argument(
         "--overwrite",
         action="store_true",
         help="start over in a trainer.run_dir that holds an earlier run: deletes its checkpoints, "

@@ -46,6 +46,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointWriteError",
     "checkpoint_problem",
+    "keep_best",
     "latest_checkpoint",
     "load_checkpoint",
     "rng_state",
@@ -61,6 +62,8 @@ PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 CORRUPT_PREFIX = "corrupt-"
 MANIFEST = "manifest.json"
+BEST = "best"
+"""``checkpoints/best``: the checkpoint of the best evaluation (``keep_best``)."""
 
 
 class CheckpointError(ValueError):
@@ -140,6 +143,32 @@ def save_checkpoint(
     for old in sorted(p for p in directory.glob(f"{PREFIX}*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def keep_best(checkpoint: str | Path) -> Path:
+    """Checkpoint folder ``checkpoint`` (a ``step_N`` just written) kept as ``best`` beside it: its
+    files hard-linked (copied where the file system cannot link; checkpoint files are never written
+    twice, so the two names cannot diverge), assembled under a temporary name and renamed into place,
+    so that a kill leaves the previous best or the new one. Pruning ``step_N`` later leaves ``best``
+    whole."""
+    checkpoint = Path(checkpoint)
+    best = checkpoint.parent / BEST
+    tmp, old = (checkpoint.parent / f"{TMP_PREFIX}{name}" for name in (BEST, f"old-{BEST}"))
+    for leftover in (tmp, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    shutil.copytree(checkpoint, tmp, copy_function=_link_or_copy)
+    if best.exists():
+        os.replace(best, old)
+    os.replace(tmp, best)
+    shutil.rmtree(old, ignore_errors=True)
+    return best
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def _write_error(directory: Path, step: int, error: BaseException) -> CheckpointWriteError:

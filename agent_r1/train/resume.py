@@ -13,7 +13,11 @@
   ``config.prev-N.yaml`` before the run directory writes the new one. Keys in ``NEUTRAL_KEYS`` cannot
   change the trained result and may differ freely; ``trainer.steps`` may too while the learning-rate
   schedule is constant (a cosine schedule decays over ``trainer.steps``).
-- The checkpoint is the newest one that verifies against its manifest (``latest_checkpoint``).
+- The checkpoint is the newest one that verifies against its manifest (``latest_checkpoint``), or
+  the one named (``resume=PATH``, ``--resume-from PATH``: e.g. ``RUN_DIR/checkpoints/best``, the best
+  evaluation's), verified the same way. The run then goes on from that step: the newer ``step_N``
+  checkpoints of the run directory are set aside as ``superseded-step_N`` (logged), so that a later
+  ``--resume`` continues this run and not the one it replaced.
 - ``resume=False`` (no flag) into a run directory that already holds checkpoints is a ``ResumeError``:
   a fresh run there would train beside them and replace them one by one. ``overwrite=True``
   (``--overwrite``) starts over instead, deleting the old run's checkpoints (``step_*``), metrics,
@@ -23,21 +27,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from agent_r1.train.checkpoint import latest_checkpoint
+from agent_r1.train.checkpoint import PREFIX, checkpoint_problem, latest_checkpoint
 from agent_r1.train.config import TrainConfig, config_to_dict
 
 __all__ = ["NEUTRAL_KEYS", "ResumeError", "config_changes", "resume_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
-ResumeMode = bool | Literal["auto"]
+ResumeMode = bool | Literal["auto"] | str | Path
+"""False (a fresh run), True (the newest checkpoint), "auto" (the newest, else fresh), or a checkpoint
+folder to continue from."""
 
 NEUTRAL_KEYS = (
     "logging.",
@@ -109,7 +117,7 @@ def _fresh_start(run_dir: Path, overwrite: bool) -> None:
             "checkpoints, metrics.jsonl, trajectories/ and tb/), or set another trainer.run_dir."
         )
     removed = [f"checkpoints/{{{names}}}"]
-    for path in held + sorted(checkpoints.glob(".tmp-*")):
+    for path in held + sorted(checkpoints.glob(".tmp-*")) + sorted(checkpoints.glob("best")):
         shutil.rmtree(path)
     for name in ("metrics.jsonl", "trajectories", "tb"):
         path = run_dir / name
@@ -123,20 +131,58 @@ def _fresh_start(run_dir: Path, overwrite: bool) -> None:
     logger.warning("--overwrite: deleted the earlier run in %s: %s", run_dir, ", ".join(removed))
 
 
+def _named_checkpoint(path: Path, run_dir: Path) -> Path:
+    """Checkpoint folder ``path``, verified; the run directory's newer ``step_N`` set aside."""
+    if not path.is_dir():
+        raise ResumeError(
+            f"--resume-from: {path} is not a folder (a checkpoint such as {run_dir}/checkpoints/best)"
+        )
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise ResumeError(f"--resume-from: {path} is not a checkpoint to continue from: {problem}")
+    step = _checkpoint_step(path)
+    checkpoints = run_dir / "checkpoints"
+    newer = sorted(
+        p for p in checkpoints.glob(f"{PREFIX}*") if p.is_dir() and int(p.name[len(PREFIX) :]) > step
+    )
+    for later in newer:
+        os.replace(later, later.with_name(f"superseded-{later.name}"))
+    if newer:
+        logger.warning(
+            "--resume-from %s (step %d): the run goes on from there; its newer checkpoints are set aside "
+            "as %s",
+            path,
+            step,
+            ", ".join(f"superseded-{p.name}" for p in newer),
+        )
+    return path
+
+
+def _checkpoint_step(path: Path) -> int:
+    """The step checkpoint ``path`` was written at (its ``info.json``, else its ``trainer_state.pt``)."""
+    info = path / "info.json"
+    if info.is_file():
+        return int(json.loads(info.read_text(encoding="utf-8"))["step"])
+    import torch
+
+    return int(torch.load(path / "trainer_state.pt", weights_only=False)["step"])
+
+
 def resume_checkpoint(
     config: TrainConfig, resume: ResumeMode, *, allow_config_change: bool = False, overwrite: bool = False
 ) -> Path | None:
     """The checkpoint to continue from, or None to start fresh (``resume`` False, or "auto" with no
     checkpoint); raises ``ResumeError`` as the module docstring says (``overwrite``: see there)."""
-    if resume not in (False, True, "auto"):
-        raise ValueError(f"resume must be False, True or 'auto', got {resume!r}")
     if overwrite and resume is not False:
         raise ValueError("overwrite=True starts over: it cannot be combined with resume")
     if resume is False:
         _fresh_start(Path(config.trainer.run_dir), overwrite)
         return None
     run_dir = Path(config.trainer.run_dir)
-    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    if resume in (True, "auto"):
+        checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    else:
+        checkpoint = _named_checkpoint(Path(resume), run_dir)
     if checkpoint is None:
         if resume == "auto":
             logger.info("no checkpoint in %s: starting a fresh run", run_dir / "checkpoints")

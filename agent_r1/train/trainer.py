@@ -75,7 +75,7 @@ from agent_r1.train.builders import (
     policy_objective,
     value_objective,
 )
-from agent_r1.train.checkpoint import rng_state, set_rng_state
+from agent_r1.train.checkpoint import keep_best, rng_state, set_rng_state
 from agent_r1.train.config import ConfigError, TrainConfig
 from agent_r1.train.data import TaskSampler, config_tasks
 from agent_r1.train.evaluation import evaluate_rollouts
@@ -98,6 +98,7 @@ from agent_r1.train.summary import (
     summarize_rollout,
     trajectory_success,
 )
+from agent_r1.train.watch import HeldOutWatch
 from agent_r1.types import Task, TrajectoryGroup
 
 __all__ = ["Trainer", "train"]
@@ -206,6 +207,7 @@ class Trainer:
         self.run_dir: RunDir | None = None
         self.resume = resume
         self.zero_variance = ZeroVarianceWatch(group_baseline=estimator_needs(config).min_group_size > 1)
+        self.watch = HeldOutWatch()  # held-out success: the best checkpoint, and why it fell
         self.preemption = PreemptionGuard(trainer.preemption_grace_s)  # installed by fit
         self.schedule = RolloutSchedule(config, self.rollouts, self.learner, self.preemption)
         self._saved_step = 0  # the newest checkpoint written by this process or resumed from
@@ -228,7 +230,7 @@ class Trainer:
         try:
             with self.preemption, progress_bar(cfg.steps, start, self.config.logging.progress) as advance:
                 if start == 0 and cfg.eval_every and self.val_tasks:
-                    self.run_dir.log(0, self.evaluate())
+                    self.run_dir.log(0, self.evaluate_and_watch(0))
                 ended_rng = rng_state()  # the RNG state where the last step ended (a checkpoint's)
                 for step in range(start + 1, cfg.steps + 1):
                     self.step = step
@@ -237,15 +239,17 @@ class Trainer:
                     except StopSampling:  # preempted mid-rollout: the state is the previous step's
                         self._preempted(step - 1, ended_rng)
                     self.run_dir.log(step, last)
+                    self.watch.observe_step(step, last)
                     if (
                         cfg.eval_every
                         and self.val_tasks
                         and (step % cfg.eval_every == 0 or step == cfg.steps)
                     ):
-                        eval_metrics = self.evaluate()
+                        eval_metrics = self.evaluate_and_watch(step)
                         self.run_dir.log(step, eval_metrics)
                         last = {**last, **eval_metrics}
-                    if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
+                    due = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps
+                    if due and self._saved_step != step:  # a new best is saved already
                         self.save_checkpoint(step)
                     ended_rng = rng_state()
                     if self.preemption.requested and step < cfg.steps:
@@ -403,6 +407,17 @@ class Trainer:
             self.rollouts, self.val_tasks, self.config, self.step, reward_fn=self.reward_fn
         )
 
+    def evaluate_and_watch(self, step: int) -> dict[str, float]:
+        """``evaluate``, read by the held-out watch (``agent_r1.train.watch``): a drop below the start
+        is logged with its likely cause, and a new best evaluation's checkpoint is kept as
+        ``checkpoints/best``."""
+        metrics = self.evaluate()
+        is_best, watched = self.watch.observe_eval(step, metrics)
+        if is_best:
+            saved = self.run_dir.checkpoints / f"step_{step:06d}"
+            keep_best(saved if self._saved_step == step else self.save_checkpoint(step))
+        return {**metrics, **watched}
+
     def annotate(self, groups, batches: Sequence[TrainBatch]) -> list:
         """The step's trajectories with the viewer's keys (``agent_r1.report.annotate``), with the
         advantages of the batches trained (one per policy)."""
@@ -423,7 +438,7 @@ class Trainer:
         """Checkpoint ``step`` (``rng``: the RNG state to record, default the current one) with the
         rollout schedule's state (``RolloutSchedule.state``)."""
         assert self.run_dir is not None
-        baselines = {"role_baselines": self.baselines.state_dict()}
+        baselines = {"role_baselines": self.baselines.state_dict(), "watch": self.watch.state_dict()}
         trainer_state = {"rng": rng or rng_state(), **self.schedule.state(), **baselines}
         path = Path(self.learner.save_checkpoint(self.run_dir.checkpoints, step, trainer_state))
         self._saved_step = step
@@ -455,6 +470,7 @@ class Trainer:
         set_rng_state(trainer_state["rng"])
         self.schedule.restore(trainer_state)
         self.baselines.load_state_dict(trainer_state.get("role_baselines", {}))
+        self.watch.load_state_dict(trainer_state.get("watch", {}))
         self.step = trainer_state["step"]
         return self.step
 

@@ -34,6 +34,7 @@ from collections import deque
 from pathlib import Path
 
 import torch
+from run_digest import digest
 
 from agent_r1.commands import quickstart
 from agent_r1.envs.ecosystem.gymnasium import GymnasiumEnv
@@ -177,6 +178,7 @@ def run(seed: int = 0, quick: bool = False) -> dict:
         finally:
             trainer.close()
         evals = eval_success(Path(tmp) / "metrics.jsonl")
+        measured = digest(tmp)
     return {
         "env": f"gymnasium FrozenLake-v1 {SIZE}x{SIZE} not slippery, random maps (built-in text hook)",
         "metric": f"held-out success ({len(heldout)} maps x {quickstart.EVAL_SAMPLES} sampled)",
@@ -186,6 +188,7 @@ def run(seed: int = 0, quick: bool = False) -> dict:
         "rl_steps": settings["rl_steps"],
         "seconds": round(time.perf_counter() - started, 1),
         "demonstrator_success": sum(t.total_reward > 0 for t in demos) / len(demos),
+        "run": measured,
     }
 
 

@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from run_digest import digest
+
 from agent_r1.envs import make_env
 from agent_r1.envs.context import (
     ContextPolicy,
@@ -155,6 +157,7 @@ def run(seed: int = 0, quick: bool = False) -> dict:
         finally:
             trainer.close()
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        measured = digest(run_dir)
     LocalServer.stop_all()
     evals = [r for r in rows if "eval/success" in r]
     train = [r for r in rows if "reward/mean" in r]
@@ -170,6 +173,7 @@ def run(seed: int = 0, quick: bool = False) -> dict:
         "sft_loss": [round(losses[0], 4), round(losses[-1], 4)],
         "train_success_by_step": [round(r["success/mean"], 3) for r in train],
         "invalid_actions_by_step": [round(r.get("env/invalid_actions", 0.0), 3) for r in train],
+        "run": measured,
     }
 
 

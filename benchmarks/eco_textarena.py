@@ -31,6 +31,8 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from run_digest import digest  # noqa: E402
+
 from agent_r1.envs.ecosystem import textarena_players as players  # noqa: E402
 from agent_r1.envs.ecosystem.textarena import TextArenaEnv, make_tasks  # noqa: E402
 from agent_r1.models.loading import save_model  # noqa: E402
@@ -126,6 +128,7 @@ def run_game(game: str, seed: int, sizes: dict, tmp: Path) -> dict:
         "demonstrator_success": sum(d.info.get("success", False) for d in demos) / len(demos),
         "train_win_by_step": [round(row["env/win"], 3) for row in trained],
         "train_invalid_by_step": [round(row["env/invalid_actions"], 3) for row in trained],
+        "run": digest(run_dir),
     }
 
 
@@ -137,7 +140,7 @@ def run(seed: int = 0, quick: bool = False) -> dict:
         arms = [run_game(game, seed, sizes, Path(tmp)) for game in ARMS]
     headline = arms[0]
     return {
-        **{k: headline[k] for k in ("env", "metric", "before", "after", "tasks", "rl_steps")},
+        **{k: headline[k] for k in ("env", "metric", "before", "after", "tasks", "rl_steps", "run")},
         "seconds": round(time.perf_counter() - start, 1),
         "arms": arms,
     }

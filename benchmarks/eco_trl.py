@@ -29,6 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from run_digest import digest
 from vs_trl_multiturn import CalculatorEnvironment, trl_success
 
 from agent_r1.commands import quickstart
@@ -105,6 +106,7 @@ def run(seed: int = 0, quick: bool = False) -> dict:
         finally:
             trainer.close()
         rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        measured = digest(tmp)
     evals = [row["eval/success"] for row in rows if "eval/success" in row]
     return {
         "env": "trl_environment: vs_trl_multiturn.CalculatorEnvironment + trl_success (quickstart arithmetic)",
@@ -116,6 +118,7 @@ def run(seed: int = 0, quick: bool = False) -> dict:
         "seconds": round(time.perf_counter() - started, 1),
         "demonstrator_success": sum(t.outcome_reward for t in demos) / len(demos),
         "trl_reward_calls": tally["rollouts"],
+        "run": measured,
     }
 
 

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from run_digest import digest
 
 from agent_r1.envs.ecosystem.verifiers import VerifiersEnv, load_tasks
 from agent_r1.models.tiny import build_tiny
@@ -100,6 +101,7 @@ def run(seed: int = 0, quick: bool = False, **overrides) -> dict:
         )
         Trainer(config, model=model, tokenizer=tokenizer, train_tasks=train, val_tasks=val).fit()
         rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+        measured = digest(run_dir)
     evals = [r for r in rows if "eval/success" in r]
     trained = [r for r in rows if "reward/mean" in r]
     return {
@@ -115,6 +117,7 @@ def run(seed: int = 0, quick: bool = False, **overrides) -> dict:
         "train_reward": [r["reward/mean"] for r in trained],
         "env_metrics": {k: trained[-1][k] for k in sorted(trained[-1]) if k.startswith("env/")},
         "settings": settings,
+        "run": measured,
     }
 
 

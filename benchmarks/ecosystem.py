@@ -5,7 +5,8 @@ Each arm is its own script beside this one (``eco_<name>.py``, runnable alone, i
 docstring) exposing ``run(seed, quick) -> dict`` with ``env``, ``metric``, ``before``, ``after``,
 ``tasks``, ``rl_steps`` and ``seconds``. This script runs the chosen arms one after another, each in
 a fresh interpreter (no heap, thread or process-wide setting carried from one arm into the next), and
-prints one table.
+prints one table; under an arm that did not rise above its start, the signals its run's metrics show
+moving (``run_digest``: the held-out watch's, ``agent_r1.train.watch``).
 
     python benchmarks/ecosystem.py                    # every arm (about 40 min on 2 idle cores)
     python benchmarks/ecosystem.py --arms gymnasium trl --seeds 0 1
@@ -24,6 +25,8 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+
+from run_digest import cause_line
 
 ARMS = ("gymnasium", "textarena", "openenv", "verifiers", "trl")
 HERE = Path(__file__).resolve().parent
@@ -73,6 +76,8 @@ def main() -> None:
             f"{row['env']:<11}{row['seed']:>5}  {row['metric']:<34}{row['before']:>8.3f}{row['after']:>8.3f}"
             f"{row['rl_steps']:>10}{row['seconds']:>9.0f}"
         )
+        if row["after"] <= row["before"]:  # not above its start: what its own metrics say
+            print(f"{'':<18}why, from the run's metrics: {cause_line(row)}")
     if any("error" in row for row in rows):
         sys.exit(1)
 

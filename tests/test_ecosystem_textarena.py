@@ -774,11 +774,12 @@ def test_trains_a_single_player_game(tmp_path):
 
 
 @pytest.mark.slow
-def test_benchmark_arm_quick_runs_both_games():
+def test_benchmark_arm_quick_runs_both_games(monkeypatch):
     import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "eco_textarena.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # the arm imports its neighbour run_digest by name
     spec = importlib.util.spec_from_file_location("eco_textarena", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,6 +1,7 @@
 """``agent-r1 check`` (``agent_r1.train.preflight``), issue 52: each mistake a new user made is found
 without the weights, printed once, exit 2, naming the key, the file and the row; ``train`` and
-``eval`` run the same checks first. Most cases call the real CLI in this process (``cli.main``);
+``eval`` run the same checks first. Issue 65: every problem one run can find is listed at once, the
+engine's keyword arguments are checked, and what async needs is chosen and said. Most cases call the real CLI in this process (``cli.main``);
 the model-path cases run it as a subprocess (offline Hub behaviour, the working directory)."""
 
 from __future__ import annotations
@@ -204,6 +205,138 @@ def test_a_trl_reward_path_that_does_not_import(tiny_checkpoint, tmp_path, capsy
     config = write_config(tmp_path, str(tiny_checkpoint), env, [{"id": "a"}])
     printed = refused(capsys, "check", config)
     assert "config key 'env.kwargs.reward': entry point 'no_such_rewards:f'" in printed
+
+
+# ---------------------------------------------------------- every problem at once (issue 65, "Ask once")
+
+
+def test_check_lists_every_error_of_the_config(tiny_checkpoint, tmp_path, capsys):
+    config = write_config(tmp_path, str(tiny_checkpoint), FROZEN_LAKE, [{"id": "a"}])
+    printed = refused(capsys, "check", config, "trainer.stepz=1", "model.dtype=float16")
+    lines = printed.splitlines()
+    assert lines[0] == "agent-r1 check: 2 configuration errors:"
+    assert lines[1].startswith("  config key 'trainer.stepz': unknown key (did you mean 'steps'?)")
+    assert lines[2].startswith("  config key 'model.dtype': must be one of")
+
+
+def test_check_goes_on_past_an_independent_failure(tiny_checkpoint, tmp_path, capsys):
+    """A wrong env.name and a missing data file: both reported by one run, one per line."""
+    env = {"name": "no_such_tools:make_env", "kwargs": {}}
+    config = write_config(tmp_path, str(tiny_checkpoint), env, [{"id": "a"}])
+    printed = refused(capsys, "check", config, f"data.train={tmp_path / 'nope.jsonl'}")
+    lines = printed.splitlines()
+    assert lines[0] == "agent-r1 check: 2 problems found without the weights:"
+    assert lines[1].startswith("  config key 'env.name'") and "cannot import module" in lines[1]
+    assert lines[2] == f"  data.train: {tmp_path / 'nope.jsonl'}: no such file"
+
+
+def test_preflight_failures_that_are_all_config_errors_stay_one_config_error(tiny_checkpoint, tmp_path):
+    from agent_r1.train.config import ConfigErrors, load_config
+    from agent_r1.train.preflight import preflight
+
+    env = {"name": "no_such_tools:make_env", "kwargs": {}}
+    path = write_config(tmp_path, str(tiny_checkpoint), env, [{"id": "a"}])
+    with pytest.raises(ConfigErrors) as error:
+        preflight(load_config(path, ["rollout.engine_kwargs={gpu_memory_utilization: 0.6}"]))
+    assert [e.key for e in error.value.errors] == ["rollout.engine_kwargs.gpu_memory_utilization", "env.name"]
+
+
+# the report: a recipe switched to the HF engine on a CPU, its vLLM engine_kwargs left in
+HF_WITH_VLLM_KWARGS = ("rollout.engine=hf", "rollout.engine_kwargs={gpu_memory_utilization: 0.6}")
+
+
+@pytest.mark.parametrize("command", ["check", "eval"])
+def test_an_engine_kwarg_the_engine_does_not_take(tiny_checkpoint, tmp_path, capsys, command):
+    """Before: check passed and eval died with a raw ``TypeError: HFEngine.__init__() got an
+    unexpected keyword argument 'gpu_memory_utilization'``."""
+    rows = [{"id": "a", "seed": 0}]
+    config = write_config(
+        tmp_path, str(tiny_checkpoint), FROZEN_LAKE, rows, val=str(tmp_path / "train.jsonl")
+    )
+    printed = refused(capsys, command, config, *HF_WITH_VLLM_KWARGS)
+    assert (
+        f"agent-r1 {command}: config key 'rollout.engine_kwargs.gpu_memory_utilization': not an argument "
+        "of rollout.engine 'hf', which takes ['batch_invariant', 'cascade_attention', 'eos_token_ids', "
+        "'max_context', 'packed_linears', 'prefix_cache_entries']"
+    ) in printed
+    assert "Traceback" not in printed and "TypeError" not in printed
+
+
+def test_the_engine_is_never_built_with_an_argument_it_does_not_take(tiny_checkpoint):
+    """The Python API too: rollout_engine checks before it loads anything."""
+    from agent_r1.train.builders import rollout_engine
+    from agent_r1.train.config import ConfigError, config_from_dict
+
+    config = config_from_dict(
+        {"model": {"path": str(tiny_checkpoint)}, "rollout": {"engine_kwargs": {"prefix_cache_entrie": 0}}}
+    )
+    with pytest.raises(ConfigError, match="did you mean 'prefix_cache_entries'") as error:
+        rollout_engine(config, None)
+    assert error.value.key == "rollout.engine_kwargs.prefix_cache_entrie"
+
+
+def test_engine_kwargs_that_agent_r1_fills_in_name_their_own_key():
+    from agent_r1.train.builders import check_engine_kwargs
+    from agent_r1.train.config import ConfigErrors, config_from_dict
+
+    config = config_from_dict({"rollout": {"engine_kwargs": {"dtype": "bfloat16", "max_batch_size": 4}}})
+    with pytest.raises(ConfigErrors) as error:
+        check_engine_kwargs(config)
+    assert [e.key for e in error.value.errors] == [
+        "rollout.engine_kwargs.dtype",
+        "rollout.engine_kwargs.max_batch_size",
+    ]
+    assert "from model.dtype" in str(error.value) and "from rollout.max_batch_size" in str(error.value)
+    fine = config_from_dict({"rollout": {"engine_kwargs": {"prefix_cache_entries": 0}}})
+    assert (
+        check_engine_kwargs(fine)
+        == "rollout.engine_kwargs ['prefix_cache_entries']: arguments of rollout.engine 'hf'"
+    )
+
+
+def test_vllm_engine_kwargs_are_checked_where_vllm_is_installed(monkeypatch):
+    from agent_r1.rollout import factory
+    from agent_r1.train.builders import check_engine_kwargs
+    from agent_r1.train.config import ConfigError, config_from_dict
+
+    if factory.engine_problem("vllm") is None:  # the real arguments, in the vLLM environment
+        assert {"gpu_memory_utilization", "max_model_len", "enable_sleep_mode"} <= factory.engine_arguments(
+            "vllm"
+        )
+    else:
+        assert factory.engine_arguments("vllm") is None
+    kwargs = {"gpu_memory_utilization": 0.6, "max_model_lenn": 8192}
+    config = config_from_dict({"rollout": {"engine": "vllm", "engine_kwargs": kwargs}})
+    monkeypatch.setattr(factory, "engine_arguments", lambda kind: None)
+    assert check_engine_kwargs(config) == (
+        "rollout.engine_kwargs ['gpu_memory_utilization', 'max_model_lenn']: not checked, vLLM not installed here"
+    )
+    known = frozenset({"gpu_memory_utilization", "max_model_len", "seed"})
+    monkeypatch.setattr(factory, "engine_arguments", lambda kind: known)
+    with pytest.raises(ConfigError, match="did you mean 'max_model_len'") as error:
+        check_engine_kwargs(config)
+    assert error.value.key == "rollout.engine_kwargs.max_model_lenn" and "vllm.EngineArgs" in str(error.value)
+
+
+def test_check_says_what_async_chose(tiny_checkpoint, tmp_path, capsys):
+    config = write_config(tmp_path, str(tiny_checkpoint), FROZEN_LAKE, [{"id": "a", "seed": 0}])
+    assert main(["check", str(config), "trainer.mode=async"]) == 0
+    chose = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ok  chose ")]
+    assert [line.split(" (")[0] for line in chose] == [
+        "ok  chose rollout.share_model: false",
+        "ok  chose algorithm.off_policy: tis",
+    ]
+
+
+def test_train_says_what_async_chose_once(tiny_checkpoint, tmp_path, capsys):
+    """Said at the start, before the checks (here a missing data file stops the run)."""
+    config = write_config(tmp_path, str(tiny_checkpoint), FROZEN_LAKE, [{"id": "a"}])
+    code = main(["train", str(config), "trainer.mode=async", f"data.train={tmp_path / 'nope.jsonl'}"])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert out.count("agent-r1 train: chose rollout.share_model: false") == 1
+    assert out.count("agent-r1 train: chose algorithm.off_policy: tis") == 1
+    assert out.splitlines()[-1] == f"agent-r1 train: data.train: {tmp_path / 'nope.jsonl'}: no such file"
 
 
 # ------------------------------------------------------------------------------------- model.path

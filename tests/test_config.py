@@ -1,4 +1,5 @@
-"""The typed config tree: YAML + dotted overrides; unknown keys and invalid values are rejected by name."""
+"""The typed config tree: YAML + dotted overrides; unknown keys and invalid values are rejected by name,
+every one at once; what trainer.mode: async needs is chosen where the config leaves it unset."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import yaml
 
 from agent_r1.train.config import (
     ConfigError,
+    ConfigErrors,
     TrainConfig,
     config_from_dict,
+    config_from_dict_with_choices,
     config_to_dict,
     dump_config,
     load_config,
+    load_config_with_choices,
 )
 
 
@@ -103,3 +107,126 @@ def test_example_configs_load():
     assert configs
     for path in configs:
         assert load_config(path).env.name, path
+
+
+# ---------------------------------------------------------------------------- every error at once
+
+
+def test_every_error_of_a_config_is_listed_at_once(tmp_path):
+    """Issue 65: one run lists every problem, overrides, fields and cross-field checks alike, in the
+    order found; the whole is still a ConfigError, whose key and why are the first one's."""
+    path = _yaml(
+        tmp_path, {"model": {"dtype": "float16"}, "rollout": {"n": 1}, "trainer": {"stepz": 5, "lr": -1}}
+    )
+    with pytest.raises(ConfigErrors) as info:
+        load_config(path, ["trainer.steps=ten", "logging.progres=false"])
+    errors = info.value.errors
+    assert [e.key for e in errors] == [
+        "logging.progres",
+        "model.dtype",
+        "trainer.stepz",
+        "trainer.steps",
+        "trainer.lr",
+        "rollout.n",
+    ]
+    assert isinstance(info.value, ConfigError)
+    assert (info.value.key, info.value.why) == (errors[0].key, errors[0].why)
+    assert str(info.value).splitlines() == ["6 configuration errors:", *(f"  {e}" for e in errors)]
+    assert "did you mean 'progress'" in str(errors[0]) and "needs n >= 2" in str(errors[-1])
+
+
+def test_a_single_error_keeps_its_own_message():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["trainer.lr=-1"])
+    assert type(info.value) is ConfigError
+    assert str(info.value) == "config key 'trainer.lr': must be > 0, got -1.0"
+
+
+def test_a_cross_field_check_on_a_refused_value_is_skipped_and_the_others_run():
+    """trainer.tasks_per_step refused: its default (8) stands in, and mini_batches would be judged
+    against a batch nobody asked for, so that check is skipped; the independent betas check is not."""
+    with pytest.raises(ConfigErrors) as info:
+        config_from_dict({"trainer": {"tasks_per_step": "x", "mini_batches": 100, "betas": [0.9]}})
+    assert [e.key for e in info.value.errors] == ["trainer.tasks_per_step", "trainer.betas"]
+
+
+def test_each_refused_option_of_a_section_is_listed():
+    with pytest.raises(ConfigErrors) as info:
+        config_from_dict(
+            {"algorithm": {"policy_loss": {"clip_low": 2, "dual_clip": 0.5}, "kl": {"coef": -1}}}
+        )
+    assert [e.key for e in info.value.errors] == [
+        "algorithm.policy_loss.clip_low",
+        "algorithm.policy_loss.dual_clip",
+        "algorithm.kl.coef",
+    ]
+
+
+# ------------------------------------------------------------------- async: chosen and said once
+
+
+def test_async_chooses_an_engine_copy_and_tis_and_says_so(tmp_path):
+    """Issue 65: trainer.mode: async in one process with the HF engine needs rollout.share_model:
+    false and an off-policy correction; left unset, both are chosen (docs/training.md, Asynchronous
+    training) and said, one line each. The resolved config holds them: reloading it chooses nothing
+    and compares equal, as a resume does."""
+    path = _yaml(tmp_path, {"trainer": {"mode": "async"}})
+    config, choices = load_config_with_choices(path)
+    assert config.rollout.share_model is False and config.algorithm.off_policy.name == "tis"
+    assert [c.split(" (")[0] for c in choices] == ["rollout.share_model: false", "algorithm.off_policy: tis"]
+    assert "own copy of the weights" in choices[0] and "docs/algorithms.md" in choices[1]
+    dump_config(config, tmp_path / "resolved.yaml")
+    assert load_config_with_choices(tmp_path / "resolved.yaml") == (config, ())
+    assert load_config(path) == config
+    assert load_config_with_choices(None, ["trainer.mode=sync"])[1] == ()
+
+
+@pytest.mark.parametrize(
+    ("sections", "chosen", "share_model", "off_policy"),
+    [
+        (
+            {"rollout": {"engine": "vllm"}},
+            ["algorithm.off_policy: tis"],
+            True,
+            "tis",
+        ),  # vLLM: its own weights
+        ({"distributed": {"backend": "ray"}}, ["algorithm.off_policy: tis"], True, "tis"),
+        ({"rollout": {"share_model": False}}, ["algorithm.off_policy: tis"], False, "tis"),
+        ({"algorithm": {"off_policy": "icepop"}}, ["rollout.share_model: false"], False, "icepop"),
+        ({"algorithm": {"old_logprobs": "sampler"}}, ["rollout.share_model: false"], False, "none"),
+    ],
+)
+def test_async_chooses_only_what_the_config_left_unset(sections, chosen, share_model, off_policy):
+    config, choices = config_from_dict_with_choices({"trainer": {"mode": "async"}, **sections})
+    assert [c.split(" (")[0] for c in choices] == chosen
+    assert (config.rollout.share_model, config.algorithm.off_policy.name) == (share_model, off_policy)
+
+
+def test_async_chooses_tis_keeping_the_options_given():
+    config = config_from_dict({"trainer": {"mode": "async"}, "algorithm": {"off_policy": {"tis_cap": 3}}})
+    assert (config.algorithm.off_policy.name, config.algorithm.off_policy.tis_cap) == ("tis", 3.0)
+
+
+@pytest.mark.parametrize(
+    ("sections", "key", "words"),
+    [
+        ({"rollout": {"share_model": True}}, "rollout.share_model", "own copy of the weights"),
+        ({"algorithm": {"off_policy": "none"}}, "trainer.mode", "correct for it with algorithm.off_policy"),
+        (
+            {"algorithm": {"old_logprobs": "learner"}},
+            "trainer.mode",
+            "correct for it with algorithm.off_policy",
+        ),
+    ],
+)
+def test_async_refuses_a_value_set_against_it_by_key(sections, key, words):
+    with pytest.raises(ConfigError, match=words) as info:
+        config_from_dict({"trainer": {"mode": "async"}, **sections})
+    assert type(info.value) is ConfigError and info.value.key == key
+
+
+def test_async_lists_both_refusals_at_once():
+    """The report: three runs, each refused with one message; now one run names both keys."""
+    with pytest.raises(ConfigErrors) as info:
+        load_config(None, ["trainer.mode=async", "rollout.share_model=true", "algorithm.off_policy=none"])
+    assert [e.key for e in info.value.errors] == ["rollout.share_model", "trainer.mode"]

@@ -27,8 +27,18 @@ def test_example_ray_configs_load(name):
 
 
 def test_async_mode_needs_an_importance_sampling_correction():
+    """Chosen (tis) when neither correction key is set (tests/test_config.py); refused, naming
+    trainer.mode, when the config sets them to no correction."""
+    chosen = config_from_dict({"distributed": {"backend": "ray"}, "trainer": {"mode": "async"}})
+    assert chosen.algorithm.off_policy.name == "tis"
     with pytest.raises(ConfigError, match="trainer.mode.*algorithm.off_policy"):
-        config_from_dict({"distributed": {"backend": "ray"}, "trainer": {"mode": "async"}})
+        config_from_dict(
+            {
+                "distributed": {"backend": "ray"},
+                "trainer": {"mode": "async"},
+                "algorithm": {"off_policy": "none"},
+            }
+        )
     config_from_dict(
         {"distributed": {"backend": "ray"}, "trainer": {"mode": "async"}, "algorithm": {"off_policy": "tis"}}
     )
@@ -65,9 +75,11 @@ def test_ray_refuses_objects_built_in_the_driver_before_starting_anything():
 
 
 def test_async_in_one_process_needs_an_engine_with_its_own_weights():
+    """Chosen (share_model: false) when unset (tests/test_config.py); an explicit true is refused."""
     tis = {"off_policy": "tis"}
+    assert config_from_dict({"trainer": {"mode": "async"}, "algorithm": tis}).rollout.share_model is False
     with pytest.raises(ConfigError, match="rollout.share_model.*own copy.*share_model: false"):
-        config_from_dict({"trainer": {"mode": "async"}, "algorithm": tis})
+        config_from_dict({"trainer": {"mode": "async"}, "rollout": {"share_model": True}, "algorithm": tis})
     config_from_dict({"trainer": {"mode": "async"}, "rollout": {"share_model": False}, "algorithm": tis})
     config_from_dict({"trainer": {"mode": "async"}, "rollout": {"engine": "vllm"}, "algorithm": tis})
     with pytest.raises(ConfigError, match="trainer.max_staleness.*must be > 0"):

@@ -167,8 +167,13 @@ def _policies_config(tiny_checkpoint, run_dir, **sections):
         ({"distributed": {"backend": "ray", "strategy": "fsdp2"}}, "distributed.strategy", "ddp"),
         ({"algorithm": {"advantage": {"name": "gae_token"}}}, "algorithm.advantage.name", "no critic"),
         # async samples while the learner updates, as with one policy: the engine needs its own copy
+        # (chosen when share_model is unset; an explicit true is refused)
         (
-            {"trainer": {"mode": "async"}, "algorithm": {"off_policy": "tis"}},
+            {
+                "trainer": {"mode": "async"},
+                "rollout": {"share_model": True},
+                "algorithm": {"off_policy": "tis"},
+            },
             "rollout.share_model",
             "own copy",
         ),

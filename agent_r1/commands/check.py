@@ -2,8 +2,11 @@
 model's weights, in seconds (``agent_r1.train.preflight``). ``agent-r1 train`` and ``agent-r1 eval``
 run the same checks first.
 
-Exit codes: 0 every check passed (one line each); 2 a configuration, data, model or environment
-error, printed once, naming the key, the file and the row."""
+Prints what the config chose for you (``ok  chose ...``: what ``trainer.mode: async`` needs, where you
+left it unset), then one ``ok`` line per check passed.
+
+Exit codes: 0 every check passed; 2 configuration, data, model or environment errors, every one that
+can be found in one run, one per line, each naming the key, the file and the row."""
 
 from __future__ import annotations
 
@@ -18,11 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent_r1.train.config import load_config
+    from agent_r1.train.config import load_config_with_choices
     from agent_r1.train.preflight import PREFLIGHT_ERRORS, preflight
 
     try:
-        report = preflight(load_config(args.config, list(args.overrides)))
+        config, choices = load_config_with_choices(args.config, list(args.overrides))
+        for choice in choices:
+            print(f"ok  chose {choice}")
+        report = preflight(config)
     except (*PREFLIGHT_ERRORS, FileNotFoundError) as e:
         print(f"agent-r1 check: {e}")
         return 2

@@ -1,12 +1,16 @@
 """``agent-r1 eval CONFIG [key=value ...] [--checkpoint DIR]``: mean reward and success on data.val.
 
-Exit codes: 0 evaluated; 2 a configuration or data error; 3 too many evaluation trajectories ended
-in ERROR (``trainer.max_error_fraction``)."""
+Prints the metrics as one JSON line; what the config chose for you (what ``trainer.mode: async``
+needs, where you left it unset) goes to stderr, one ``agent-r1 eval: chose ...`` line each.
+
+Exit codes: 0 evaluated; 2 configuration or data errors (every one found, one per line); 3 too many
+evaluation trajectories ended in ERROR (``trainer.max_error_fraction``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 HELP = "Evaluate a policy on the config's validation tasks: agent-r1 eval CONFIG.yaml [--checkpoint DIR]"
 
@@ -25,12 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from agent_r1.models.loading import NoChatTemplateError
     from agent_r1.train.checkpoint import CheckpointError
-    from agent_r1.train.config import ConfigError, load_config
+    from agent_r1.train.config import ConfigError, load_config_with_choices
     from agent_r1.train.data import DataError
     from agent_r1.train.health import TrainingHalted
+    from agent_r1.train.preflight import PreflightErrors
 
     try:
-        config = load_config(args.config, list(args.overrides))
+        config, choices = load_config_with_choices(args.config, list(args.overrides))
+        for choice in choices:
+            print(f"agent-r1 eval: chose {choice}", file=sys.stderr)
         from agent_r1.train.evaluation import evaluate
         from agent_r1.train.preflight import preflight
 
@@ -46,7 +53,14 @@ def run(args: argparse.Namespace) -> int:
             trained = {name: m for name, m in own_models.items() if not config.policies[name].frozen}
             load_checkpoint(args.checkpoint, model, own_models=trained)
         metrics = evaluate(config, model=model, own_models=own_models)
-    except (ConfigError, DataError, FileNotFoundError, NoChatTemplateError, CheckpointError) as e:
+    except (
+        ConfigError,
+        PreflightErrors,
+        DataError,
+        FileNotFoundError,
+        NoChatTemplateError,
+        CheckpointError,
+    ) as e:
         print(f"agent-r1 eval: {e}")
         return 2
     except TrainingHalted as e:

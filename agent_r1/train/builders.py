@@ -7,6 +7,7 @@ part exists in one version only.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import inspect
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ import torch
 
 from agent_r1.algos import ADVANTAGE_ESTIMATORS, Needs, PolicyObjective, ValueObjective
 from agent_r1.flows.base import AgentEnvLoop, AgentFlow
-from agent_r1.train.config import ConfigError, TrainConfig
+from agent_r1.train.config import ConfigError, ConfigErrors, TrainConfig
 from agent_r1.train.learner import Learner, load_policy
 from agent_r1.types import SamplingParams
 
@@ -26,6 +27,7 @@ __all__ = [
     "base_path",
     "build_learners",
     "check_attention",
+    "check_engine_kwargs",
     "check_env",
     "critic_learner",
     "critic_model_config",
@@ -318,15 +320,65 @@ def _deterministic_engine(config: TrainConfig, source, device) -> dict:
     return {"max_batch_size": 1, "prefix_cache_entries": 0}
 
 
+_FILLED_IN = {
+    "model": "model.path",
+    "adapter": "model.adapter",
+    "tokenizer": "model.tokenizer",
+    "dtype": "model.dtype",
+    "device": "model.device",
+    "max_batch_size": "rollout.max_batch_size (vLLM's own limit is max_num_seqs)",
+    "roles": "policies and roles",
+}
+"""The engine arguments that ``rollout_engine`` (through ``build_engine``) fills in itself, and the
+config keys they come from."""
+
+
+def check_engine_kwargs(config: TrainConfig) -> str:
+    """``rollout.engine_kwargs`` against the keyword arguments that ``rollout.engine`` takes
+    (``agent_r1.rollout.factory.engine_arguments``): each one the engine does not take, or that
+    agent-r1 fills in from another key, is a ``ConfigError`` naming ``rollout.engine_kwargs.<key>``
+    (all of them at once), so that none surfaces as a TypeError once the engine is being built.
+    Returns the line ``agent-r1 check`` prints; vLLM's arguments are known only where vLLM is
+    installed, and the line says when they were not checked."""
+    from agent_r1.rollout.factory import engine_arguments
+
+    kind, given = config.rollout.engine, sorted(config.rollout.engine_kwargs)
+    if not given:
+        return f"rollout.engine_kwargs: none for rollout.engine {kind!r}"
+    takes = engine_arguments(kind)
+    if takes is None:
+        return f"rollout.engine_kwargs {given}: not checked, vLLM not installed here"
+    takes = takes - _FILLED_IN.keys()
+    errors = []
+    for key in given:
+        if key in _FILLED_IN:
+            why = f"agent-r1 sets it from {_FILLED_IN[key]}: remove it here"
+        elif key not in takes:
+            close = difflib.get_close_matches(key, takes, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            accepted = sorted(takes) if kind == "hf" else f"the {len(takes)} of vllm.LLM and vllm.EngineArgs"
+            why = (
+                f"not an argument of rollout.engine {kind!r}{hint}, which takes {accepted} "
+                "(rollout.engine_kwargs go to that engine alone: remove another engine's settings)"
+            )
+        else:
+            continue
+        errors.append(ConfigError(f"rollout.engine_kwargs.{key}", why))
+    ConfigErrors.raise_all(errors)
+    return f"rollout.engine_kwargs {given}: arguments of rollout.engine {kind!r}"
+
+
 def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None, roles=None):
     """The configured engine (``rollout.engine`` with ``rollout.engine_kwargs``) over ``source``: a
     loaded model (the HF engine), or by default the policy's weights (``model.path``, with
     ``model.adapter`` merged in when there is one policy), loaded frozen (on
     ``device`` for the HF engine; None: the CPU). With several policies it serves ``roles`` (role ->
     adapter; default ``engine_roles``: the roles of the shared base's policies). An engine that
-    cannot be built here is a ``ConfigError`` naming ``rollout.engine``."""
+    cannot be built here is a ``ConfigError`` naming ``rollout.engine``, and an engine argument it
+    does not take one naming it (``check_engine_kwargs``)."""
     from agent_r1.rollout.factory import EngineUnavailable, build_engine
 
+    check_engine_kwargs(config)
     rollout = config.rollout
     kwargs = {"max_batch_size": rollout.max_batch_size, **rollout.engine_kwargs}
     if config.trainer.deterministic and rollout.engine == "hf":

@@ -5,7 +5,10 @@ Load it from YAML with dotted command-line overrides::
     config = load_config("configs/arithmetic_grpo.yaml", ["trainer.steps=50", "algorithm.kl_coef=0.01"])
 
 Every field is documented once, here (``metadata["doc"]``). An unknown key or an invalid value raises
-``ConfigError`` naming the dotted key and the reason (with a "did you mean" for near-miss keys).
+``ConfigError`` naming the dotted key and the reason (with a "did you mean" for near-miss keys); every
+problem of a config is found in one pass and raised together (``ConfigErrors``, one per line), and
+what ``trainer.mode: async`` needs is chosen where the config leaves it unset
+(``config_from_dict_with_choices`` says what).
 The ``algorithm`` sections are the options dataclasses of ``agent_r1.algos`` themselves (documented
 there), so every option of every estimator, loss, KL estimator and aggregation is settable from YAML
 (``algorithm.policy_loss: {name: gspo, gspo_clip_high: 5e-4}``) and the command line
@@ -19,12 +22,13 @@ reference model is loaded by default.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -50,6 +54,7 @@ __all__ = [
     "PATH_KEYS",
     "AlgorithmConfig",
     "ConfigError",
+    "ConfigErrors",
     "DataConfig",
     "DistillConfig",
     "DistributedConfig",
@@ -64,9 +69,11 @@ __all__ = [
     "add_import_dirs",
     "apply_overrides",
     "config_from_dict",
+    "config_from_dict_with_choices",
     "config_to_dict",
     "dump_config",
     "load_config",
+    "load_config_with_choices",
     "resolve_paths",
 ]
 
@@ -78,6 +85,29 @@ class ConfigError(ValueError):
         super().__init__(f"config key '{key}': {why}")
         self.key = key
         self.why = why
+
+
+class ConfigErrors(ConfigError):
+    """Several configuration problems found at once (``errors``, in the order found), so that one
+    ``agent-r1 check`` lists them all; ``key`` and ``why`` are the first one's. A single problem is
+    raised as itself, never wrapped (``raise_all``)."""
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        super().__init__(errors[0].key, errors[0].why)
+        self.errors = list(errors)
+
+    def __str__(self) -> str:
+        return f"{len(self.errors)} configuration errors:\n" + "\n".join(f"  {e}" for e in self.errors)
+
+    @classmethod
+    def raise_all(cls, errors: Sequence[ConfigError]) -> None:
+        """Raise ``errors`` (none: return): one as itself, with its own message, several as one
+        ``ConfigErrors``."""
+        flat = [e for error in errors for e in (error.errors if isinstance(error, cls) else [error])]
+        if len(flat) == 1:
+            raise flat[0]
+        if flat:
+            raise cls(flat)
 
 
 Check = Callable[[Any], str | None]  # returns the reason the value is invalid, or None
@@ -216,7 +246,8 @@ class RolloutConfig:
     share_model: bool = _opt(
         True,
         "HF engine and learner share one model object (weight sync is a "
-        "version bump); False gives the engine its own copy synced by update_weights.",
+        "version bump); False gives the engine its own copy synced by update_weights. Unset under "
+        "trainer.mode: async in one process: false (chosen, see trainer.mode).",
     )
     eval_temperature: float = _opt(0.0, "Temperature for evaluation rollouts (0 = greedy).", _non_negative)
     eval_n: int = _opt(1, "Samples per validation task.", _positive)
@@ -228,8 +259,10 @@ class RolloutConfig:
     )
     engine_kwargs: dict[str, Any] = _opt(
         {},
-        "Extra keyword arguments for the engine: vLLM's (gpu_memory_utilization, max_model_len, "
-        "enable_sleep_mode: the engine sleeps during each update on one GPU, ...) or HFEngine's.",
+        "Extra keyword arguments for the engine rollout.engine names: vLLM's (gpu_memory_utilization, "
+        "max_model_len, enable_sleep_mode: the engine sleeps during each update on one GPU, ...) or "
+        "HFEngine's (prefix_cache_entries, cascade_attention, ...). A key the engine does not take is "
+        "refused by name before it is built (agent-r1 check; vLLM's only where vLLM is installed).",
     )
 
 
@@ -307,7 +340,8 @@ class AlgorithmConfig:
     off_policy: OffPolicyConfig = _opt(
         OffPolicyConfig(),
         "Correction for tokens the sampler drew with other probabilities than the learner's old policy: "
-        "TIS, masked IS, IcePop (agent_r1.algos.OffPolicyConfig).",
+        "TIS, masked IS, IcePop (agent_r1.algos.OffPolicyConfig). Its name unset (and old_logprobs "
+        "unset) under trainer.mode: async: tis (chosen, see trainer.mode).",
     )
     entropy_coef: float = _opt(0.0, "Entropy bonus weight.", _non_negative)
     value_coef: float = _opt(0.5, "Value loss weight (critic estimators only).", _non_negative)
@@ -371,7 +405,11 @@ class TrainerConfig:
         "sync",
         "'sync': roll out, then update (on-policy). 'async': the rollout of step k+1 runs while step "
         "k trains, in this process (a rollout thread and an engine copy: rollout.share_model: false, "
-        "or vLLM) or on Ray; needs an off-policy correction (algorithm.off_policy).",
+        "or vLLM) or on Ray; needs an off-policy correction (algorithm.off_policy). What it needs and "
+        "the config leaves unset is chosen, and said once by check, train and eval: "
+        "rollout.share_model: false in one process with the HF engine, and algorithm.off_policy: tis "
+        "when neither algorithm.off_policy nor algorithm.old_logprobs is set. A value set that "
+        "contradicts it is refused, naming the key.",
     )
     max_staleness: int = _opt(
         1,
@@ -553,22 +591,54 @@ class TrainConfig:
 _YAML11_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-def _coerce(key: str, tp: Any, value: Any) -> Any:
-    """Check ``value`` against the annotation ``tp`` (coercing int -> float and list -> list[...])."""
+@dataclass
+class _Problems:
+    """What building a config found: every error, in the order found, and the dotted keys that do not
+    hold the user's value (``fallbacks``): a value refused and replaced by the field's default, or the
+    key an unknown key probably meant (its "did you mean"), which then kept its default."""
+
+    errors: list[ConfigError] = field(default_factory=list)
+    fallbacks: set[str] = field(default_factory=set)
+
+    def refuse(self, error: ConfigError, *fallbacks: str) -> None:
+        self.errors.append(error)
+        self.fallbacks.update(fallbacks or (error.key,))
+
+    def touch(self, keys: Iterable[str]) -> bool:
+        """Whether any of ``keys`` is, holds or lies in a key that fell back ("" is the whole tree)."""
+        return any(
+            not fallback
+            or key == fallback
+            or key.startswith(f"{fallback}.")
+            or fallback.startswith(f"{key}.")
+            for key in keys
+            for fallback in self.fallbacks
+        )
+
+
+def _coerce(key: str, tp: Any, value: Any, problems: _Problems) -> Any:
+    """Check ``value`` against the annotation ``tp`` (coercing int -> float and list -> list[...]). A
+    wrong value raises ``ConfigError``; a section (a dataclass, or a mapping of them) is built field
+    by field, and what is wrong in it is added to ``problems`` (``_build``)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None and type(None) in options:
             return None
-        errors = []
+        whys = []
         for option in options:
             if option is type(None):
                 continue
+            found = _Problems()
             try:
-                return _coerce(key, option, value)
+                coerced = _coerce(key, option, value, found)
             except ConfigError as e:
-                errors.append(e.why)
-        raise ConfigError(key, "; ".join(errors))
+                whys.append(e.why)
+                continue
+            if not found.errors:
+                return coerced
+            whys += [e.why for e in found.errors]
+        raise ConfigError(key, "; ".join(whys))
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -581,20 +651,25 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             value = {"name": value}
         if not isinstance(value, Mapping):
             raise ConfigError(key, f"must be a mapping of {tp.__name__} fields, got {value!r}")
-        return _build(tp, value, key)
+        return _build(tp, value, key, problems)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(key, f"must be a list, got {value!r}")
         (item_tp,) = typing.get_args(tp)[:1]
-        return [_coerce(f"{key}[{i}]", item_tp, v) for i, v in enumerate(value)]
+        return [_coerce(f"{key}[{i}]", item_tp, v, problems) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(key, f"must be a mapping, got {value!r}")
         _, value_tp = typing.get_args(tp) or (Any, Any)
-        return {
-            name: _coerce(f"{key}.{name}", value_tp, {} if value_tp is not Any and item is None else item)
-            for name, item in value.items()
-        }
+        items = {}
+        for name, item in value.items():
+            try:  # each entry on its own (policies.<name>): a wrong one leaves the others checked
+                items[name] = _coerce(
+                    f"{key}.{name}", value_tp, {} if value_tp is not Any and item is None else item, problems
+                )
+            except ConfigError as error:
+                problems.refuse(error, f"{key}.{name}")
+        return items
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(key, f"must be true or false, got {value!r}")
@@ -646,40 +721,69 @@ MOVED_KEYS = {
 """Keys that moved: an old config that sets one gets an error saying where it went, and why."""
 
 
-def _moved(dotted: str) -> None:
+def _refuse_unknown(dotted: str, known: Iterable[str], problems: _Problems) -> None:
+    """``dotted`` is no key of its section (whose keys are ``known``): moved (``MOVED_KEYS``), or
+    unknown with a "did you mean" for a near miss, which is then counted as not holding the user's
+    value."""
     if dotted in MOVED_KEYS:
         new, why = MOVED_KEYS[dotted]
-        raise ConfigError(dotted, f"moved to '{new}' ({why}): set that key instead")
+        problems.refuse(ConfigError(dotted, f"moved to '{new}' ({why}): set that key instead"))
+        return
+    section, _, key = dotted.rpartition(".")
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    meant = [f"{section}.{close[0]}" if section else close[0]] if close else []
+    problems.refuse(ConfigError(dotted, f"unknown key{hint}; known keys: {sorted(known)}"), dotted, *meant)
 
 
-def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+def _build(cls: type, data: Mapping[str, Any], prefix: str, problems: _Problems) -> Any:
+    """Section ``cls`` from ``data``: every unknown key, wrong value and refused option is added to
+    ``problems``, and a refused field takes its default, so that the rest is still checked."""
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in fields(cls)}
     for key in data:
         if key not in known:
-            dotted = f"{prefix}.{key}" if prefix else str(key)
-            _moved(dotted)
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(dotted, f"unknown key{hint}; known keys: {sorted(known)}")
+            _refuse_unknown(f"{prefix}.{key}" if prefix else str(key), known, problems)
     kwargs = {}
     for name, f in known.items():
         dotted = f"{prefix}.{name}" if prefix else name
+        value = _default(f)
         if name in data:
-            value = _coerce(dotted, hints[name], data[name])
-        elif f.default is not MISSING:
-            value = f.default
-        else:
-            value = f.default_factory()
+            try:
+                value = _coerce(dotted, hints[name], data[name], problems)
+            except ConfigError as error:
+                problems.refuse(error, dotted)
         check = f.metadata.get("check")
         reason = check(value) if check else None
         if reason:
-            raise ConfigError(dotted, reason)
+            problems.refuse(ConfigError(dotted, reason))
+            value = _default(f)
         kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except InvalidOption as error:
-        raise ConfigError(f"{prefix}.{error.field}" if prefix else error.field, error.why) from None
+    return _construct(cls, kwargs, prefix, problems)
+
+
+def _construct(cls: type, kwargs: dict[str, Any], prefix: str, problems: _Problems) -> Any:
+    """``cls(**kwargs)``. An option that the section's own checks refuse (``InvalidOption``, e.g. a
+    clip range) is reported and takes its default, and the section is built again, so that each
+    refused option is reported once; when a default conflicts with another option given, the whole
+    section falls back to its defaults."""
+    defaults = {f.name: f for f in fields(cls)}
+    reset: set[str] = set()
+    while True:
+        try:
+            return cls(**kwargs)
+        except InvalidOption as error:
+            if error.field not in reset:
+                problems.refuse(ConfigError(f"{prefix}.{error.field}" if prefix else error.field, error.why))
+            if error.field in reset or error.field not in defaults:
+                problems.fallbacks.add(prefix)
+                return cls()
+            reset.add(error.field)
+            kwargs[error.field] = _default(defaults[error.field])
+
+
+def _default(f: Any) -> Any:
+    return f.default if f.default is not MISSING else f.default_factory()
 
 
 def _is_named(cls: type) -> bool:
@@ -690,13 +794,38 @@ def _is_named(cls: type) -> bool:
 def config_from_dict(data: Mapping[str, Any] | None = None, folder: str | Path | None = None) -> TrainConfig:
     """Build and validate a ``TrainConfig`` from a nested mapping (missing keys take defaults).
     ``folder``: the config file's, where relative paths are also looked for (``resolve_paths``).
-    A saved adapter at ``model.path`` is read as its base plus ``model.adapter`` (``resolve_adapter``)."""
-    config = _build(TrainConfig, data or {})
+    A saved adapter at ``model.path`` is read as its base plus ``model.adapter`` (``resolve_adapter``).
+    Every problem found is raised at once: one ``ConfigError``, or ``ConfigErrors`` for several.
+    What ``trainer.mode: async`` needs is chosen where the user left it unset (``_choose``);
+    ``config_from_dict_with_choices`` also says what was chosen."""
+    return config_from_dict_with_choices(data, folder)[0]
+
+
+def config_from_dict_with_choices(
+    data: Mapping[str, Any] | None = None, folder: str | Path | None = None
+) -> tuple[TrainConfig, tuple[str, ...]]:
+    """``config_from_dict``, and one line per value it chose for the user (``_choose``), for the
+    command to print once (``agent-r1 check``: ``ok  chose ...``)."""
+    return _built(data or {}, folder, _Problems())
+
+
+def _built(
+    data: Mapping[str, Any], folder: str | Path | None, problems: _Problems
+) -> tuple[TrainConfig, tuple[str, ...]]:
+    """The config of the raw mapping ``data`` and its choices; every error (those already in
+    ``problems``, the fields', the cross-field checks') raised together."""
+    config = _build(TrainConfig, data, "", problems)
     if folder is not None:
         config = resolve_paths(config, folder)
-    config = resolve_adapter(config)
-    _check_cross_field(config)
-    return config
+    if not problems.touch(("model.path", "model.adapter", "model.tokenizer", "model.lora")):
+        try:
+            config = resolve_adapter(config)
+        except ConfigError as error:
+            problems.refuse(error, "model")
+    config, choices = _choose(config, data)
+    problems.errors += _cross_field_errors(config, problems)
+    ConfigErrors.raise_all(problems.errors)
+    return config, choices
 
 
 def resolve_adapter(config: TrainConfig) -> TrainConfig:
@@ -754,271 +883,426 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return asdict(config)
 
 
-def _check_cross_field(config: TrainConfig) -> None:
-    _check_registered_names(config)
-    _check_needs(config)
-    _check_policies(config)
-    if len(config.trainer.betas) != 2:
-        raise ConfigError("trainer.betas", f"must hold two numbers, got {config.trainer.betas}")
-    batch = config.trainer.tasks_per_step * config.rollout.n
-    if config.trainer.mini_batches > batch:
-        raise ConfigError(
-            "trainer.mini_batches",
-            f"{config.trainer.mini_batches} mini-batches cannot split {batch} trajectories per step",
+# --- what async needs, chosen for the user ----------------------------------------------------------
+
+
+def _choose(config: TrainConfig, data: Mapping[str, Any]) -> tuple[TrainConfig, tuple[str, ...]]:
+    """What ``trainer.mode: async`` needs, chosen where the user's intent is unambiguous (docs/training.md,
+    Asynchronous training), one line each:
+
+    - in one process with the HF engine, the engine samples while the learner updates, so it needs its
+      own copy of the weights: ``rollout.share_model: false``, when ``rollout.share_model`` is unset;
+    - samples drawn by an older policy need an off-policy correction: ``algorithm.off_policy: tis``
+      (docs/algorithms.md, "Which to pick"), when neither ``algorithm.off_policy`` (its name) nor
+      ``algorithm.old_logprobs`` is set.
+
+    "Set" means present in ``data``, the raw mapping given to the builder (the YAML plus the
+    overrides), whatever its value: a value the user set is never replaced, and one that contradicts
+    async is refused by the cross-field checks, naming its key. The chosen values are the config's, so
+    the resolved config a run writes holds them and a resume compares equal."""
+    if config.trainer.mode != "async":
+        return config, ()
+    rollout, algorithm, choices = config.rollout, config.algorithm, []
+    in_process_hf = config.distributed.backend == "none" and rollout.engine == "hf"
+    if in_process_hf and not _given(data, "rollout.share_model"):
+        rollout = replace(rollout, share_model=False)
+        choices.append(
+            "rollout.share_model: false (trainer.mode: async samples while the learner updates: the HF "
+            "engine samples from its own copy of the weights, synced after each update)"
         )
-    dist, algo = config.distributed, config.algorithm
-    if algo.resample_rounds and not algo.dynamic_filter:
-        raise ConfigError(
-            "algorithm.resample_rounds", "refills groups dropped by algorithm.dynamic_filter: set it"
+    if not _given(data, "algorithm.off_policy.name") and not _given(data, "algorithm.old_logprobs"):
+        algorithm = replace(algorithm, off_policy=replace(algorithm.off_policy, name="tis"))
+        choices.append(
+            "algorithm.off_policy: tis (trainer.mode: async trains on samples of an older policy: "
+            "truncated importance weights against the sampler's log-probs, docs/algorithms.md)"
         )
-    if algo.dynamic_filter and config.rollout.n < 2:
-        raise ConfigError(
-            "algorithm.dynamic_filter",
-            "drops each group whose samples' rewards agree, and with rollout.n: 1 every group is one "
-            "sample: every group would be dropped; set rollout.n >= 2 or dynamic_filter: false",
-        )
-    asynchronous = config.trainer.mode == "async"
-    if (
-        asynchronous
-        and dist.backend == "none"
-        and config.rollout.engine == "hf"
-        and config.rollout.share_model
-    ):
-        raise ConfigError(
-            "rollout.share_model",
-            "trainer.mode: async samples while the learner updates, so the HF engine needs its own copy "
-            "of the weights: set rollout.share_model: false (or use rollout.engine: vllm)",
-        )
-    if config.trainer.deterministic and config.rollout.engine != "hf":
-        raise ConfigError(
-            "trainer.deterministic",
-            f"needs rollout.engine: hf (its batch-invariant decode); {config.rollout.engine!r} batches "
-            "requests as they come",
-        )
-    if config.trainer.deterministic and asynchronous and config.trainer.partial_rollouts:
-        raise ConfigError(
-            "trainer.deterministic",
-            "trainer.partial_rollouts lands each update wherever the rollout in flight has got to, which "
-            "depends on timing: set trainer.partial_rollouts: false (or trainer.mode: sync)",
-        )
-    if algo.resample_rounds and asynchronous:
-        raise ConfigError(
-            "algorithm.resample_rounds", "not available with trainer.mode: async (its rollouts run ahead)"
-        )
-    if asynchronous and algo.old_logprobs == "learner" and algo.off_policy.name == "none":
-        raise ConfigError(
-            "trainer.mode",
-            "async rollouts are sampled by an older policy: correct for it with algorithm.off_policy "
-            "(tis, mis_step, mis_trajectory or icepop: weights against the sampler) or "
-            "algorithm.old_logprobs: sampler",
-        )
-    _check_distill(algo)
-    if algo.off_policy.name != "none" and algo.old_logprobs == "sampler":
-        raise ConfigError(
-            "algorithm.off_policy.name",
-            "corrects the learner's old log-probs against the sampler's, but algorithm.old_logprobs: "
-            "sampler makes them the same (every weight 1): use old_logprobs: learner",
+    return replace(config, rollout=rollout, algorithm=algorithm), tuple(choices)
+
+
+def _given(data: Mapping[str, Any], dotted: str) -> bool:
+    """Whether the raw mapping ``data`` sets ``dotted`` (a bare name, ``off_policy: tis``, sets its
+    section's ``name``)."""
+    node: Any = data
+    for part in dotted.split("."):
+        if isinstance(node, str) and part == "name":
+            return True
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+# --- cross-field checks -------------------------------------------------------------------------
+
+CrossFieldCheck = Callable[[TrainConfig], Iterable[ConfigError]]
+
+
+def _cross_field_errors(config: TrainConfig, problems: _Problems) -> list[ConfigError]:
+    """Every error of the cross-field checks (``_CROSS_FIELD_CHECKS``), each small and independent
+    of the others, so that one run reports every problem. A check is skipped when a key it reads
+    does not hold the user's value (``_Problems.fallbacks``: refused, so the field took its default):
+    its error would be about a value nobody gave, beside the error that already names the key.
+    Skipping by key, not every check after any field error, still reports the independent problems
+    of the rest of the config in the same run. A check whose meaning needs another's condition (a
+    registered name) tests that condition itself, as the other reports it."""
+    return [
+        error for reads, check in _CROSS_FIELD_CHECKS if not problems.touch(reads) for error in check(config)
+    ]
+
+
+def _value(config: TrainConfig, dotted: str) -> Any:
+    return functools.reduce(getattr, dotted.split("."), config)
+
+
+_REGISTERED_NAMES = (
+    ("algorithm.advantage.name", ADVANTAGE_ESTIMATORS),
+    ("algorithm.policy_loss.name", POLICY_LOSSES),
+    ("algorithm.loss_aggregation.name", LOSS_AGGREGATIONS),
+    ("algorithm.kl.estimator", KL_ESTIMATORS),
+    ("algorithm.off_policy.name", OFF_POLICY_CORRECTIONS),
+)
+"""The keys naming a registered algorithm function, and their registries."""
+
+
+def _registered_name(config: TrainConfig, *, key: str, registry: Any) -> Iterator[ConfigError]:
+    """An unknown algorithm name is refused at load time, naming the key and the available choices."""
+    value = _value(config, key)
+    if value not in registry:
+        yield ConfigError(key, f"unknown {registry.kind} {value!r}; choose one of {sorted(registry)}")
+
+
+def _group_size(config: TrainConfig) -> Iterator[ConfigError]:
+    """The group size the estimator declared it needs (``agent_r1.algos.Needs.min_group_size``)."""
+    name = config.algorithm.advantage.name
+    if name not in ADVANTAGE_ESTIMATORS:
+        return
+    needed = ADVANTAGE_ESTIMATORS.needs(name).min_group_size
+    if config.rollout.n < needed:
+        yield ConfigError(
+            "rollout.n", f"the '{name}' baseline needs n >= {needed} samples per task, got {config.rollout.n}"
         )
 
 
-def _check_policies(config: TrainConfig) -> None:
-    """``policies`` / ``roles``: what several policies in one run need, and what they do not have yet."""
+def _single_update(config: TrainConfig) -> Iterator[ConfigError]:
+    """A loss that declared itself on-policy only (``agent_r1.algos.Needs.single_update``)."""
+    name, trainer = config.algorithm.policy_loss.name, config.trainer
+    updates = trainer.ppo_epochs * trainer.mini_batches
+    if name in POLICY_LOSSES and POLICY_LOSSES.needs(name).single_update and updates > 1:
+        yield ConfigError(
+            "algorithm.policy_loss.name",
+            f"'{name}' is correct only on-policy (one optimizer step per rollout batch), but "
+            f"trainer.ppo_epochs x trainer.mini_batches = {updates}: set both to 1 or use a ratio-based "
+            "loss (ppo_clip, gspo, cispo)",
+        )
+
+
+def _policy_roles(config: TrainConfig) -> Iterator[ConfigError]:
+    """``roles`` name configured policies."""
     if not config.policies:
         if config.roles:
-            raise ConfigError("roles", "maps roles to policies, but no policies are configured: add policies")
+            yield ConfigError("roles", "maps roles to policies, but no policies are configured: add policies")
         return
     for role, policy in config.roles.items():
         if policy not in config.policies:
-            raise ConfigError(
+            yield ConfigError(
                 f"roles.{role}",
                 f"names policy {policy!r}, which is not in policies {sorted(config.policies)}",
             )
-    trained = [name for name, policy in config.policies.items() if not policy.frozen]
-    if not trained:
-        raise ConfigError("policies", "every policy is frozen: nothing would train")
+
+
+def _policies_trained(config: TrainConfig) -> Iterator[ConfigError]:
+    if config.policies and all(policy.frozen for policy in config.policies.values()):
+        yield ConfigError("policies", "every policy is frozen: nothing would train")
+
+
+def _policy_entries(config: TrainConfig) -> Iterator[ConfigError]:
+    """Each policy of ``policies``: its name, its optimizer, and where it comes from."""
     for name, policy in config.policies.items():
         if policy.frozen and policy.lr is not None:
-            raise ConfigError(f"policies.{name}.lr", "a frozen policy has no optimizer: remove lr")
+            yield ConfigError(f"policies.{name}.lr", "a frozen policy has no optimizer: remove lr")
         if name == "__base__" or not name.isidentifier():
-            raise ConfigError(f"policies.{name}", "a policy name must be an identifier (it names an adapter)")
-        _check_policy_source(config, name, policy)
-    if config.model.lora.rank <= 0:
-        raise ConfigError(
-            "model.lora.rank",
-            "each trained policy is a LoRA adapter on the shared base: set model.lora.rank (e.g. 8)",
-        )
-    ray = config.distributed.backend != "none"
-    unsupported = (
-        ("distributed.strategy", ray and config.distributed.strategy != "ddp", "need ddp (one per adapter)"),
-        ("algorithm.advantage.name", _needs_critic(config), "has no critic per policy yet"),
-    )
-    for key, refused, why in unsupported:
-        if refused:
-            raise ConfigError(key, f"several policies (policies: {sorted(config.policies)}) {why}")
-
-
-def _check_policy_source(config: TrainConfig, name: str, policy: PolicyConfig) -> None:
-    """``adapter`` / ``path`` / ``server`` (and the server's ``model``, ``api_key_env``) of policy
-    ``name``. The adapter and model folders themselves are checked where the run starts
-    (``agent_r1.train.policies.check_adapters``, ``check_own_models``)."""
-    key = f"policies.{name}"
-    if policy.path is not None:
-        _check_own_model(config, name, policy)
-    if policy.server is not None:
-        if not policy.frozen:
-            raise ConfigError(
-                f"{key}.server", "a policy sampled by a server is not trained here: set frozen: true"
-            )
-        if policy.adapter is not None:
-            raise ConfigError(f"{key}.adapter", "a policy is an adapter or a server, not both")
-        if not policy.server.startswith(("http://", "https://")):
-            raise ConfigError(f"{key}.server", f"must be a URL http://host:port/v1, got {policy.server!r}")
-        if config.trainer.deterministic:
-            raise ConfigError(
-                "trainer.deterministic",
-                f"policy {name!r} is sampled by a server, which batches requests as they come",
-            )
-    for option in ("model", "api_key_env"):
-        if getattr(policy, option) is not None and policy.server is None:
-            raise ConfigError(f"{key}.{option}", "applies to a policy sampled by a server: set server")
-
-
-def _check_own_model(config: TrainConfig, name: str, policy: PolicyConfig) -> None:
-    """A policy with a model of its own (``path``): what it is not combined with, and what it runs on."""
-    key = f"policies.{name}"
-    for other in ("adapter", "server"):
-        if getattr(policy, other) is not None:
-            raise ConfigError(f"{key}.{other}", f"a policy is a model of its own (path) or {other}, not both")
-    if config.distributed.backend != "none":
-        raise ConfigError(
-            "distributed.backend",
-            f"policy {name!r} has a model of its own (policies.{name}.path), which runs in one process "
-            "for now: set distributed.backend: none",
-        )
-    if config.rollout.engine != "hf":
-        raise ConfigError(
-            "rollout.engine",
-            f"policy {name!r} has a model of its own (policies.{name}.path), which the HF engine samples; "
-            f"{config.rollout.engine!r} serves adapters of one base model: set rollout.engine: hf",
-        )
-    if not policy.frozen and (not config.rollout.share_model or config.trainer.mode == "async"):
-        raise ConfigError(
-            "rollout.share_model",
-            f"policy {name!r} trains a model of its own (policies.{name}.path), which its engine shares "
-            "for now (no weight sync to a copy): set rollout.share_model: true and trainer.mode: sync",
-        )
-    if not any(not p.frozen and p.path is None for p in config.policies.values()):
-        raise ConfigError(
-            key,
+            yield ConfigError(f"policies.{name}", "a policy name must be an identifier (it names an adapter)")
+        yield from _policy_source(config, name, policy)
+    own = [name for name, policy in config.policies.items() if policy.path is not None]
+    if own and not any(not p.frozen and p.path is None for p in config.policies.values()):
+        yield ConfigError(
+            f"policies.{own[0]}",
             "no trained policy is an adapter on the shared base (model.path): make model.path the "
             "model of one trained policy and drop that policy's path",
         )
 
 
-def _needs_critic(config: TrainConfig) -> bool:
-    return ADVANTAGE_ESTIMATORS.needs(config.algorithm.advantage.name).critic is not None
+def _policy_source(config: TrainConfig, name: str, policy: PolicyConfig) -> Iterator[ConfigError]:
+    """``adapter`` / ``path`` / ``server`` (and the server's ``model``, ``api_key_env``) of policy
+    ``name``. The adapter and model folders themselves are checked where the run starts
+    (``agent_r1.train.policies.check_adapters``, ``check_own_models``)."""
+    key = f"policies.{name}"
+    if policy.path is not None:
+        yield from _own_model(config, name, policy)
+    if policy.server is not None:
+        if not policy.frozen:
+            yield ConfigError(
+                f"{key}.server", "a policy sampled by a server is not trained here: set frozen: true"
+            )
+        if policy.adapter is not None:
+            yield ConfigError(f"{key}.adapter", "a policy is an adapter or a server, not both")
+        if not policy.server.startswith(("http://", "https://")):
+            yield ConfigError(f"{key}.server", f"must be a URL http://host:port/v1, got {policy.server!r}")
+        if config.trainer.deterministic:
+            yield ConfigError(
+                "trainer.deterministic",
+                f"policy {name!r} is sampled by a server, which batches requests as they come",
+            )
+    for option in ("model", "api_key_env"):
+        if getattr(policy, option) is not None and policy.server is None:
+            yield ConfigError(f"{key}.{option}", "applies to a policy sampled by a server: set server")
 
 
-def _check_distill(algo: AlgorithmConfig) -> None:
+def _own_model(config: TrainConfig, name: str, policy: PolicyConfig) -> Iterator[ConfigError]:
+    """A policy with a model of its own (``path``): what it is not combined with, and what it runs on."""
+    key = f"policies.{name}"
+    for other in ("adapter", "server"):
+        if getattr(policy, other) is not None:
+            yield ConfigError(f"{key}.{other}", f"a policy is a model of its own (path) or {other}, not both")
+    if config.distributed.backend != "none":
+        yield ConfigError(
+            "distributed.backend",
+            f"policy {name!r} has a model of its own (policies.{name}.path), which runs in one process "
+            "for now: set distributed.backend: none",
+        )
+    if config.rollout.engine != "hf":
+        yield ConfigError(
+            "rollout.engine",
+            f"policy {name!r} has a model of its own (policies.{name}.path), which the HF engine samples; "
+            f"{config.rollout.engine!r} serves adapters of one base model: set rollout.engine: hf",
+        )
+    if not policy.frozen and (not config.rollout.share_model or config.trainer.mode == "async"):
+        yield ConfigError(
+            "rollout.share_model",
+            f"policy {name!r} trains a model of its own (policies.{name}.path), which its engine shares "
+            "for now (no weight sync to a copy): set rollout.share_model: true and trainer.mode: sync",
+        )
+
+
+def _policies_base(config: TrainConfig) -> Iterator[ConfigError]:
+    """What several policies on one shared base need of the rest of the config, and what they do
+    not have yet."""
+    if not config.policies:
+        return
+    if config.model.lora.rank <= 0:
+        yield ConfigError(
+            "model.lora.rank",
+            "each trained policy is a LoRA adapter on the shared base: set model.lora.rank (e.g. 8)",
+        )
+    several = f"several policies (policies: {sorted(config.policies)})"
+    if config.distributed.backend != "none" and config.distributed.strategy != "ddp":
+        yield ConfigError("distributed.strategy", f"{several} need ddp (one per adapter)")
+    name = config.algorithm.advantage.name
+    if name in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS.needs(name).critic is not None:
+        yield ConfigError("algorithm.advantage.name", f"{several} has no critic per policy yet")
+
+
+def _betas(config: TrainConfig) -> Iterator[ConfigError]:
+    if len(config.trainer.betas) != 2:
+        yield ConfigError("trainer.betas", f"must hold two numbers, got {config.trainer.betas}")
+
+
+def _mini_batches(config: TrainConfig) -> Iterator[ConfigError]:
+    batch = config.trainer.tasks_per_step * config.rollout.n
+    if config.trainer.mini_batches > batch:
+        yield ConfigError(
+            "trainer.mini_batches",
+            f"{config.trainer.mini_batches} mini-batches cannot split {batch} trajectories per step",
+        )
+
+
+def _resample_rounds(config: TrainConfig) -> Iterator[ConfigError]:
+    algo = config.algorithm
+    if algo.resample_rounds and not algo.dynamic_filter:
+        yield ConfigError(
+            "algorithm.resample_rounds", "refills groups dropped by algorithm.dynamic_filter: set it"
+        )
+
+
+def _dynamic_filter(config: TrainConfig) -> Iterator[ConfigError]:
+    if config.algorithm.dynamic_filter and config.rollout.n < 2:
+        yield ConfigError(
+            "algorithm.dynamic_filter",
+            "drops each group whose samples' rewards agree, and with rollout.n: 1 every group is one "
+            "sample: every group would be dropped; set rollout.n >= 2 or dynamic_filter: false",
+        )
+
+
+def _async_engine_copy(config: TrainConfig) -> Iterator[ConfigError]:
+    """Async in one process with the HF engine: the engine samples while the learner updates. An unset
+    ``rollout.share_model`` is chosen false (``_choose``), so this refuses an explicit true."""
+    rollout = config.rollout
+    if (
+        config.trainer.mode == "async"
+        and config.distributed.backend == "none"
+        and rollout.engine == "hf"
+        and rollout.share_model
+    ):
+        yield ConfigError(
+            "rollout.share_model",
+            "trainer.mode: async samples while the learner updates, so the HF engine needs its own copy "
+            "of the weights: set rollout.share_model: false (or use rollout.engine: vllm)",
+        )
+
+
+def _deterministic_engine(config: TrainConfig) -> Iterator[ConfigError]:
+    if config.trainer.deterministic and config.rollout.engine != "hf":
+        yield ConfigError(
+            "trainer.deterministic",
+            f"needs rollout.engine: hf (its batch-invariant decode); {config.rollout.engine!r} batches "
+            "requests as they come",
+        )
+
+
+def _deterministic_partial_rollouts(config: TrainConfig) -> Iterator[ConfigError]:
+    trainer = config.trainer
+    if trainer.deterministic and trainer.mode == "async" and trainer.partial_rollouts:
+        yield ConfigError(
+            "trainer.deterministic",
+            "trainer.partial_rollouts lands each update wherever the rollout in flight has got to, which "
+            "depends on timing: set trainer.partial_rollouts: false (or trainer.mode: sync)",
+        )
+
+
+def _async_resample_rounds(config: TrainConfig) -> Iterator[ConfigError]:
+    if config.algorithm.resample_rounds and config.trainer.mode == "async":
+        yield ConfigError(
+            "algorithm.resample_rounds", "not available with trainer.mode: async (its rollouts run ahead)"
+        )
+
+
+def _async_correction(config: TrainConfig) -> Iterator[ConfigError]:
+    """Async samples come from an older policy. With neither correction key set one is chosen
+    (``_choose``), so this refuses a config that set them to no correction."""
+    algo = config.algorithm
+    if config.trainer.mode == "async" and algo.old_logprobs == "learner" and algo.off_policy.name == "none":
+        yield ConfigError(
+            "trainer.mode",
+            "async rollouts are sampled by an older policy: correct for it with algorithm.off_policy "
+            "(tis, mis_step, mis_trajectory or icepop: weights against the sampler) or "
+            "algorithm.old_logprobs: sampler",
+        )
+
+
+def _distill(config: TrainConfig) -> Iterator[ConfigError]:
+    algo = config.algorithm
     distill = algo.distill
     server = distill.teacher.startswith(("http://", "https://"))
     for key in ("teacher_model", "api_key_env"):
         if getattr(distill, key) is not None and not server:
-            raise ConfigError(
+            yield ConfigError(
                 f"algorithm.distill.{key}", "applies to a server teacher: algorithm.distill.teacher is no URL"
             )
     if server and distill.device != "learner":
-        raise ConfigError("algorithm.distill.device", "applies to a local teacher; this one is a server")
+        yield ConfigError("algorithm.distill.device", "applies to a local teacher; this one is a server")
     if distill.teacher and algo.dynamic_filter and distill.reward_weight == 0:
-        raise ConfigError(
+        yield ConfigError(
             "algorithm.dynamic_filter",
             "drops the groups whose rewards agree, but distillation alone (algorithm.distill."
             "reward_weight: 0) learns from every sample: set dynamic_filter: false",
         )
 
 
-def _check_registered_names(config: TrainConfig) -> None:
-    """Reject unknown algorithm names at load time, naming the key and the available choices."""
+def _correction_against_itself(config: TrainConfig) -> Iterator[ConfigError]:
     algo = config.algorithm
-    checks = (
-        ("algorithm.advantage.name", algo.advantage.name, ADVANTAGE_ESTIMATORS),
-        ("algorithm.policy_loss.name", algo.policy_loss.name, POLICY_LOSSES),
-        ("algorithm.loss_aggregation.name", algo.loss_aggregation.name, LOSS_AGGREGATIONS),
-        ("algorithm.kl.estimator", algo.kl.estimator, KL_ESTIMATORS),
-        ("algorithm.off_policy.name", algo.off_policy.name, OFF_POLICY_CORRECTIONS),
-    )
-    for key, value, registry in checks:
-        if value not in registry:
-            raise ConfigError(key, f"unknown {registry.kind} {value!r}; choose one of {sorted(registry)}")
+    if algo.off_policy.name != "none" and algo.old_logprobs == "sampler":
+        yield ConfigError(
+            "algorithm.off_policy.name",
+            "corrects the learner's old log-probs against the sampler's, but algorithm.old_logprobs: "
+            "sampler makes them the same (every weight 1): use old_logprobs: learner",
+        )
 
 
-def _check_needs(config: TrainConfig) -> None:
-    """What the chosen estimator and loss declared they need (``agent_r1.algos.Needs``), against the
-    rest of the config."""
-    algo, trainer = config.algorithm, config.trainer
-    estimator = ADVANTAGE_ESTIMATORS.needs(algo.advantage.name)
-    if config.rollout.n < estimator.min_group_size:
-        raise ConfigError(
-            "rollout.n",
-            f"the '{algo.advantage.name}' baseline needs n >= {estimator.min_group_size} samples per "
-            f"task, got {config.rollout.n}",
-        )
-    loss = POLICY_LOSSES.needs(algo.policy_loss.name)
-    updates = trainer.ppo_epochs * trainer.mini_batches
-    if loss.single_update and updates > 1:
-        raise ConfigError(
-            "algorithm.policy_loss.name",
-            f"'{algo.policy_loss.name}' is correct only on-policy (one optimizer step per rollout "
-            f"batch), but trainer.ppo_epochs x trainer.mini_batches = {updates}: set both to 1 or use a "
-            "ratio-based loss (ppo_clip, gspo, cispo)",
-        )
+_ASYNC_ENGINE = ("trainer.mode", "distributed.backend", "rollout.engine", "rollout.share_model")
+_CROSS_FIELD_CHECKS: tuple[tuple[tuple[str, ...], CrossFieldCheck], ...] = (
+    *(((key,), functools.partial(_registered_name, key=key, registry=r)) for key, r in _REGISTERED_NAMES),
+    (("algorithm.advantage.name", "rollout.n"), _group_size),
+    (("algorithm.policy_loss.name", "trainer.ppo_epochs", "trainer.mini_batches"), _single_update),
+    (("policies", "roles"), _policy_roles),
+    (("policies",), _policies_trained),
+    (("policies", *_ASYNC_ENGINE, "trainer.deterministic"), _policy_entries),
+    (("policies", "model.lora.rank", "distributed", "algorithm.advantage.name"), _policies_base),
+    (("trainer.betas",), _betas),
+    (("trainer.tasks_per_step", "rollout.n", "trainer.mini_batches"), _mini_batches),
+    (("algorithm.resample_rounds", "algorithm.dynamic_filter"), _resample_rounds),
+    (("algorithm.dynamic_filter", "rollout.n"), _dynamic_filter),
+    (_ASYNC_ENGINE, _async_engine_copy),
+    (("trainer.deterministic", "rollout.engine"), _deterministic_engine),
+    (("trainer.deterministic", "trainer.mode", "trainer.partial_rollouts"), _deterministic_partial_rollouts),
+    (("algorithm.resample_rounds", "trainer.mode"), _async_resample_rounds),
+    (("trainer.mode", "algorithm.old_logprobs", "algorithm.off_policy.name"), _async_correction),
+    (("algorithm.distill", "algorithm.dynamic_filter"), _distill),
+    (("algorithm.off_policy.name", "algorithm.old_logprobs"), _correction_against_itself),
+)
+"""Each cross-field check with the keys it reads, in the order their errors are listed."""
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars / lists) to a nested dict."""
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars / lists) to a nested dict; every
+    override that cannot be applied is reported at once."""
+    problems = _Problems()
+    data = _overridden(data, overrides, problems)
+    ConfigErrors.raise_all(problems.errors)
+    return data
+
+
+def _overridden(data: Mapping[str, Any], overrides: Sequence[str], problems: _Problems) -> dict[str, Any]:
+    """A copy of ``data`` with each override applied; one that cannot be is added to ``problems`` and
+    left out."""
     data = _deep_copy(data)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(item, "an override must look like key.subkey=value")
+            problems.refuse(ConfigError(item, "an override must look like key.subkey=value"))
+            continue
         dotted, raw = item.split("=", 1)
         dotted = dotted.strip()
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
-            raise ConfigError(dotted, f"cannot parse value {raw!r}: {e}") from None
+            problems.refuse(ConfigError(dotted, f"cannot parse value {raw!r}: {e}"))
+            continue
         parts = dotted.split(".")
-        types_ = _check_path(parts)
+        types_ = _check_path(parts, problems)
+        if types_ is None:
+            continue
         node = data
         for part, tp in zip(parts[:-1], types_, strict=False):
             if isinstance(node.get(part), str) and _is_named(tp):
                 node[part] = {"name": node[part]}  # `policy_loss: gspo` + `policy_loss.clip_low=...`
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(dotted, f"'{part}' is not a section")
-        last = parts[-1]
-        if isinstance(value, str) and isinstance(node.get(last), dict) and _is_named(types_[-1]):
-            node[last]["name"] = value  # a name keeps the section's other options
+                problems.refuse(ConfigError(dotted, f"'{part}' is not a section"))
+                break
         else:
-            node[last] = value
+            last = parts[-1]
+            if isinstance(value, str) and isinstance(node.get(last), dict) and _is_named(types_[-1]):
+                node[last]["name"] = value  # a name keeps the section's other options
+            else:
+                node[last] = value
     return data
 
 
-def _check_path(parts: list[str]) -> list[Any]:
-    """Reject an override path that does not exist in the tree, before it is merged; returns the
-    annotation at each part (fewer when the path enters a free-form mapping such as env.kwargs)."""
+def _check_path(parts: list[str], problems: _Problems) -> list[Any] | None:
+    """The annotation at each part of an override path (fewer when the path enters a free-form mapping
+    such as env.kwargs); None, with the problem added to ``problems``, when the path does not exist in
+    the tree (it is refused before it is merged)."""
     cls: Any = TrainConfig
     found: list[Any] = []
     for i, part in enumerate(parts):
         if not is_dataclass(cls):
             if typing.get_origin(cls) is dict:  # free-form mapping (env.kwargs)
                 return found + [Any] * (len(parts) - i)
-            raise ConfigError(".".join(parts), f"'{'.'.join(parts[:i])}' is not a section")
+            problems.refuse(ConfigError(".".join(parts), f"'{'.'.join(parts[:i])}' is not a section"))
+            return None
         hints = typing.get_type_hints(cls)
         if part not in hints:
-            _moved(".".join(parts[: i + 1]))
-            close = difflib.get_close_matches(part, hints, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(".".join(parts[: i + 1]), f"unknown key{hint}; known keys: {sorted(hints)}")
+            _refuse_unknown(".".join(parts[: i + 1]), hints, problems)
+            return None
         cls = hints[part]
         found.append(cls)
     return found
@@ -1045,7 +1329,16 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     directory (``add_import_dirs``), as well as wherever Python finds installed packages. A relative
     ``model.path``, ``model.tokenizer``, ``data.train``, ``data.val``, ``policies.<name>.adapter`` or
     ``policies.<name>.path`` is taken from the working directory when it exists there, else from the config file's folder when it
-    exists there (``resolve_paths``)."""
+    exists there (``resolve_paths``). Every problem of the overrides and the config is raised at
+    once (``config_from_dict``)."""
+    return load_config_with_choices(path, overrides)[0]
+
+
+def load_config_with_choices(
+    path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> tuple[TrainConfig, tuple[str, ...]]:
+    """``load_config``, and one line per value it chose for the user (``_choose``): ``agent-r1 check``,
+    ``train`` and ``eval`` print them once."""
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text(encoding="utf-8")
@@ -1059,7 +1352,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 "<root>", f"{path} must hold a mapping of sections, got {type(loaded).__name__}"
             )
         data = dict(loaded or {})
-    return config_from_dict(apply_overrides(data, overrides), None if path is None else Path(path).parent)
+    problems = _Problems()
+    data = _overridden(data, overrides, problems)
+    return _built(data, None if path is None else Path(path).parent, problems)
 
 
 PATH_KEYS = ("model.path", "model.adapter", "model.tokenizer", "data.train", "data.val")

@@ -95,12 +95,6 @@ def test_only_distributed_imports_ray():
 
 # Import loops that are known and being untied, each as the set of its modules. Any other loop fails
 # the test, and so does an entry here whose loop is gone (delete the entry then).
-KNOWN_CYCLES = {
-    # builders.py and policies.py import each other (inside functions); issue 65 unties them separately
-    frozenset({"agent_r1.train.builders", "agent_r1.train.policies"}),
-}
-
-
 def _module_graph() -> dict[str, dict[str, int]]:
     """Each module of agent_r1 -> the modules of agent_r1 it imports, with the line of an import.
 
@@ -168,18 +162,12 @@ def _import_cycles() -> dict[frozenset[str], list[str]]:
 
 
 def test_no_import_cycle_between_modules():
-    cycles = {cycle: edges for cycle, edges in _import_cycles().items() if cycle not in KNOWN_CYCLES}
+    cycles = _import_cycles()
     message = "\n".join(
         f"{', '.join(sorted(cycle))} import one another: " + "; ".join(edges)
         for cycle, edges in sorted(cycles.items(), key=lambda item: sorted(item[0]))
     )
     assert not cycles, f"import cycles between modules of agent_r1:\n{message}"
-
-
-def test_known_cycles_are_still_there():
-    cycles = _import_cycles()
-    untied = {known for known in KNOWN_CYCLES if not any(known <= cycle for cycle in cycles)}
-    assert not untied, f"no longer a cycle, delete it from KNOWN_CYCLES: {[sorted(c) for c in untied]}"
 
 
 def test_every_distributed_backend_has_a_builder():

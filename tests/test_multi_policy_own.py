@@ -130,10 +130,11 @@ def test_eval_of_a_checkpoint_samples_each_policy_s_own_model(tiny_checkpoint, o
     the trained weights, and the command prints the metrics of evaluating the trained objects (one
     request at a time, so that both sample the same tokens)."""
     from agent_r1.cli import main
+    from agent_r1.train.builders import load_own_models
     from agent_r1.train.checkpoint import load_checkpoint
     from agent_r1.train.config import dump_config
     from agent_r1.train.evaluation import evaluate
-    from agent_r1.train.policies import load_own_models, policy_model
+    from agent_r1.train.policies import policy_model
 
     val = tmp_path / "val.jsonl"
     val.write_text("".join(json.dumps(t) + "\n" for t in tasks(3)))

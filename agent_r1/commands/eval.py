@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
         model = own_models = None
         if args.checkpoint:
+            from agent_r1.train.builders import load_own_models
             from agent_r1.train.checkpoint import load_checkpoint
-            from agent_r1.train.policies import load_own_models, policy_model
+            from agent_r1.train.policies import policy_model
 
             model = policy_model(config)  # with several policies, an adapter each
             own_models = load_own_models(config)  # and the policies with a model of their own

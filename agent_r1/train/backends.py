@@ -526,7 +526,8 @@ def routed_engine(config, tokenizer, engine, own_models=None):
     if not config.policies:
         return engine
     from agent_r1.rollout.router import RoleRouter
-    from agent_r1.train.policies import own_engines, server_engines
+    from agent_r1.train.builders import own_engines
+    from agent_r1.train.policies import server_engines
 
     routes = {**server_engines(config, tokenizer), **own_engines(config, tokenizer, own_models or {})}
     return RoleRouter(engine, routes) if routes else engine
@@ -647,8 +648,8 @@ def make_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backen
 def local_backends(config: TrainConfig, tokenizer, parts: BackendParts) -> Backends:
     """The in-process backends: the policy (``parts.model``, or ``load_policy`` on ``model.device``),
     an engine and flows around it (``local_rollout``), its learner and critic (``local_learner``)."""
-    from agent_r1.train.builders import check_attention, resolve_device
-    from agent_r1.train.policies import load_own_models, policy_model
+    from agent_r1.train.builders import check_attention, load_own_models, resolve_device
+    from agent_r1.train.policies import policy_model
 
     check_attention(config)
     configured = resolve_device(config)  # checked also when a model is passed in

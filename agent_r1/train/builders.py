@@ -35,9 +35,11 @@ __all__ = [
     "estimator_needs",
     "eval_sampling_params",
     "load_config_tokenizer",
+    "load_own_models",
     "load_reference",
     "policy_learner",
     "policy_objective",
+    "own_engines",
     "resolve_device",
     "rollout_engine",
     "rollout_flows",
@@ -237,7 +239,7 @@ def policy_learner(config: TrainConfig, model, *, reference=None, sync=None, own
     several policies (``config.policies``) a ``PolicyLearners``: one Learner per trained policy over
     its adapter, with the policy's learning rate and gradient sync (``sync``: one, or a mapping by
     policy from ``policy_syncs``); a policy with a model of its own
-    (``own_models``: ``agent_r1.train.policies.load_own_models``') over its adapter on that model."""
+    (``own_models``: ``load_own_models``') over its adapter on that model."""
     if config.policies:
         from agent_r1.train.policies import PolicyLearners, adapter_parameters, trained_policies
 
@@ -459,3 +461,39 @@ def build_learners(
         return policy, critic_learner(config, critic_model.to(device))
     critic_sync = data_parallel(critic_model, lambda: load_critic(critic_config))
     return policy, critic_learner(config, critic_model, sync=critic_sync)
+
+
+def load_own_models(config: TrainConfig, device=None, tokenizer=None) -> dict[str, Any]:
+    """Each policy with a model of its own, loaded (on ``device``): a trained one with a LoRA adapter
+    of its name (``load_policy``, ``model.lora``'s settings), a frozen one as it is. Its tokenizer is
+    checked first (``check_own_models``) against ``tokenizer`` (default: the run's, loaded)."""
+    from agent_r1.models.loading import load_frozen_model
+    from agent_r1.train.policies import check_own_models, own_model_policies
+
+    names = own_model_policies(config)
+    if not names:
+        return {}
+    check_own_models(config, tokenizer if tokenizer is not None else load_config_tokenizer(config))
+    models = {}
+    for name in names:
+        policy = config.policies[name]
+        if policy.frozen:
+            model = load_frozen_model(policy.path, dtype=config.model.dtype, key=f"policies.{name}.path")
+        else:
+            model = load_policy(config.model, path=policy.path, adapters=[name])
+        models[name] = model if device is None else model.to(device)
+    return models
+
+
+def own_engines(config: TrainConfig, tokenizer, models: Mapping[str, Any]) -> dict[str, Any]:
+    """Each role of a policy with a model of its own -> an engine over that model (``models``:
+    ``load_own_models``'), one per policy, built as the run's engine is (``rollout_engine``) and
+    sharing the model (its optimizer's steps are what it samples next)."""
+    from agent_r1.train.policies import roles_of
+
+    engines = {}
+    for name, model in models.items():
+        adapter = None if config.policies[name].frozen else name
+        roles = {role: adapter for role in roles_of(config, [name])}
+        engines[name] = rollout_engine(config, tokenizer, model, roles=roles)
+    return {role: engines[policy] for role, policy in roles_of(config, list(engines)).items()}

@@ -71,7 +71,8 @@ def evaluate(
 
         model = policy_model(config)  # the saved adapter on the base, held as train holds it
     if engine is None and config.policies:
-        from agent_r1.train.policies import load_own_models, policy_model
+        from agent_r1.train.builders import load_own_models
+        from agent_r1.train.policies import policy_model
 
         if model is None:
             model = policy_model(config)  # every policy's adapter on the base: each role its own

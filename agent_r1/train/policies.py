@@ -11,10 +11,11 @@ base model with every adapter off; or a saved adapter, loaded onto the shared ba
 (``policies.<name>.server``) that samples its roles instead of the local engine (``server_engines``,
 ``agent_r1.rollout.router.RoleRouter``).
 
-A policy may instead have a model of its own (``policies.<name>.path``, ``load_own_models``): trained,
+A policy may instead have a model of its own (``policies.<name>.path``,
+``agent_r1.train.builders.load_own_models``): trained,
 a LoRA adapter of its name on that model with its own optimizer; frozen, the model as it is. It shares
 the run's tokenizer (``check_own_models``), and an HF engine of its own samples its roles
-(``own_engines``, through ``RoleRouter``), sharing its model as the local engine shares the base;
+(``agent_r1.train.builders.own_engines``, through ``RoleRouter``), sharing its model as the local engine shares the base;
 checkpoints hold its adapter beside the others (``model/<name>/``).
 
 - Sampling: the engine serves every role in one batch (``HFEngine`` / ``VLLMEngine`` ``roles=``, from
@@ -69,14 +70,13 @@ __all__ = [
     "check_server_tokenizer",
     "engine_roles",
     "export_adapters",
-    "load_own_models",
     "load_saved_adapters",
     "max_adapter_rank",
-    "own_engines",
     "own_model_policies",
     "policy_model",
     "policy_of",
     "role_metrics",
+    "roles_of",
     "server_engines",
     "trained_policies",
 ]
@@ -99,7 +99,7 @@ def own_model_policies(config: TrainConfig) -> list[str]:
     return [name for name, policy in config.policies.items() if policy.path is not None]
 
 
-def _roles_of(config: TrainConfig, names: Sequence[str]) -> dict[str, str]:
+def roles_of(config: TrainConfig, names: Sequence[str]) -> dict[str, str]:
     """role -> policy for the policies ``names``: each by its own name and every role mapped to it."""
     return {**{name: name for name in names}, **{r: p for r, p in config.roles.items() if p in names}}
 
@@ -128,7 +128,8 @@ def policy_of(config: TrainConfig, role: str | None) -> str | None:
 def engine_roles(config: TrainConfig) -> dict[str, str | None] | None:
     """What the local engine serves: role -> adapter name (None: the base model, adapters off), for
     every policy by its own name and every role in ``roles``, but the roles of a policy sampled by a
-    server (``server_engines``) or with a model of its own (``own_engines``); None with one policy."""
+    server (``server_engines``) or with a model of its own (``agent_r1.train.builders.own_engines``); None
+    with one policy."""
     if not config.policies:
         return None
     adapter = {
@@ -157,7 +158,7 @@ def server_engines(config: TrainConfig, tokenizer) -> dict[str, Any]:
             model = _server_model(name, policy, api_key)
             check_server_tokenizer(name, policy.server, model, api_key, tokenizer)
             engines[name] = OpenAIEngine(policy.server, model, api_key=api_key)
-    return {role: engines[policy] for role, policy in _roles_of(config, list(engines)).items()}
+    return {role: engines[policy] for role, policy in roles_of(config, list(engines)).items()}
 
 
 def _api_key(name: str, variable: str | None) -> str | None:
@@ -273,7 +274,8 @@ def what_loads(config: TrainConfig) -> list[str]:
 def policy_model(config: TrainConfig):
     """The policy model of ``config`` on the CPU: ``load_policy`` with an adapter per trained policy
     on the shared base, and the saved adapters of ``policies.<name>.adapter`` loaded
-    (``load_saved_adapters``). The policies with a model of their own: ``load_own_models``."""
+    (``load_saved_adapters``). The policies with a model of their own:
+    ``agent_r1.train.builders.load_own_models``."""
     from agent_r1.train.learner import load_policy
 
     model = load_policy(config.model, adapters=adapter_policies(config))
@@ -349,43 +351,6 @@ def check_own_models(config: TrainConfig, tokenizer) -> None:
                 f"{path!r} has another chat template than the run's tokenizer: the episode is rendered "
                 "once, for every role, so a model of its own must share it",
             )
-
-
-def load_own_models(config: TrainConfig, device=None, tokenizer=None) -> dict[str, Any]:
-    """Each policy with a model of its own, loaded (on ``device``): a trained one with a LoRA adapter
-    of its name (``load_policy``, ``model.lora``'s settings), a frozen one as it is. Its tokenizer is
-    checked first (``check_own_models``) against ``tokenizer`` (default: the run's, loaded)."""
-    from agent_r1.models.loading import load_frozen_model
-    from agent_r1.train.builders import load_config_tokenizer
-    from agent_r1.train.learner import load_policy
-
-    names = own_model_policies(config)
-    if not names:
-        return {}
-    check_own_models(config, tokenizer if tokenizer is not None else load_config_tokenizer(config))
-    models = {}
-    for name in names:
-        policy = config.policies[name]
-        if policy.frozen:
-            model = load_frozen_model(policy.path, dtype=config.model.dtype, key=f"policies.{name}.path")
-        else:
-            model = load_policy(config.model, path=policy.path, adapters=[name])
-        models[name] = model if device is None else model.to(device)
-    return models
-
-
-def own_engines(config: TrainConfig, tokenizer, models: Mapping[str, Any]) -> dict[str, Any]:
-    """Each role of a policy with a model of its own -> an engine over that model (``models``:
-    ``load_own_models``'), one per policy, built as the run's engine is (``rollout_engine``) and
-    sharing the model (its optimizer's steps are what it samples next)."""
-    from agent_r1.train.builders import rollout_engine
-
-    engines = {}
-    for name, model in models.items():
-        adapter = None if config.policies[name].frozen else name
-        roles = {role: adapter for role in _roles_of(config, [name])}
-        engines[name] = rollout_engine(config, tokenizer, model, roles=roles)
-    return {role: engines[policy] for role, policy in _roles_of(config, list(engines)).items()}
 
 
 def adapter_folders(config: TrainConfig) -> dict[str, str]:

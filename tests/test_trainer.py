@@ -112,7 +112,10 @@ def test_metrics_follow_the_run_directory_contract(trained):
     evaluated = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last_eval = [r for r in evaluated if "eval/success" in r][-1]
     best = ["best"] if last_eval["watch/best_step"] == 6 else []
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == best + ["step_000003", "step_000006"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == best + [
+        "step_000003",
+        "step_000006",
+    ]
     report = (run_dir / "report.html").read_text()  # written when fit() ends
     assert "<html" in report and "reward/mean" in report
 

@@ -20,7 +20,11 @@ def test_the_noise_is_two_standard_errors_of_two_success_rates():
 
 
 def _eval(success: float, n: int = 100, reward: float | None = None) -> dict[str, float]:
-    return {"eval/success": success, "eval/reward": success if reward is None else reward, "eval/trajectories": n}
+    return {
+        "eval/success": success,
+        "eval/reward": success if reward is None else reward,
+        "eval/trajectories": n,
+    }
 
 
 def test_best_is_a_strict_improvement_on_every_earlier_evaluation():
@@ -30,7 +34,11 @@ def test_best_is_a_strict_improvement_on_every_earlier_evaluation():
     assert watch.observe_eval(4, _eval(0.5))[0] is False  # a tie keeps the earlier one
     assert watch.observe_eval(6, _eval(0.5, reward=0.9))[0] is True  # then the reward decides
     best, metrics = watch.observe_eval(8, _eval(0.45))
-    assert not best and metrics == {"watch/best_success": 0.5, "watch/best_step": 6.0, "watch/below_start": 0.0}
+    assert not best and metrics == {
+        "watch/best_success": 0.5,
+        "watch/best_step": 6.0,
+        "watch/below_start": 0.0,
+    }
 
 
 def test_a_drop_within_the_noise_is_not_reported(caplog):
@@ -151,10 +159,11 @@ def test_a_run_keeps_its_best_and_says_why_it_fell(tiny_checkpoint, tmp_path, ca
     ``checkpoints/best``, which ``eval --checkpoint`` scores as the run did and ``--resume-from``
     continues. Run B starts from A's best and is trained against it: held-out success falls below the
     start, and the log says so with causes from the run's own metrics; no ``best`` is written."""
+    from trainer_envs import tasks
+
     from agent_r1.cli import main
     from agent_r1.train.config import dump_config
     from agent_r1.train.trainer import Trainer
-    from trainer_envs import tasks
 
     run_a = tmp_path / "a"
     config = _run_config(tiny_checkpoint, run_a, steps=4)

@@ -95,6 +95,21 @@ def test_no_moved_signal_is_said_too(caplog):
     assert "None of the watched signals moved since step 0" in caplog.records[0].message
 
 
+def test_updates_that_hurt_the_training_reward_too_are_named(caplog):
+    """The verifiers arm's drop (benchmarks/HISTORY.md): one update at lr 1e-3 took the training
+    success from 0.53 to 0.03; the rollouts after it stay below the first (before any update)."""
+    watch = HeldOutWatch()
+    watch.observe_eval(0, _eval(0.609, n=128))
+    rewards = (0.531, 0.031, 0.234, 0.359, 0.422, 0.375, 0.438, 0.203, 0.375, 0.469)
+    for step, reward in enumerate(rewards, 1):
+        watch.observe_step(step, {"reward/mean": reward})
+    with caplog.at_level(logging.WARNING, logger="agent_r1.train.watch"):
+        _, metrics = watch.observe_eval(10, _eval(0.398, n=128))
+    # the first step's rollout (before any update) is the baseline: 0.531; since: mean 0.323 of 9
+    assert metrics["watch/cause/training_reward_fell"] == 1.0
+    assert "the training reward fell too (0.531 to 0.323, lowest 0.031)" in caplog.records[0].message
+
+
 def test_the_watch_resumes_as_it_stood():
     watch = HeldOutWatch()
     watch.observe_eval(0, _eval(0.5))

@@ -10,7 +10,7 @@
 - **Below the start.** When success falls below the start's by more than the evaluation's noise, the
   log says so once (and again only when the causes it names change), with the likely causes read
   from the training metrics since the best evaluation, against those before it (``SIGNALS``): the
-  policy's entropy collapsing, grad-norm spikes, the sampler's log-probs drifting from the learner's,
+  training reward falling too (updates too large), the policy's entropy collapsing, grad-norm spikes, the sampler's log-probs drifting from the learner's,
   groups whose rewards all agree (no learning signal), responses or episodes cut at their limits, the
   training reward rising while held-out success falls (what is rewarded is not what is measured).
   None of them moving is said too.
@@ -106,6 +106,18 @@ def _cut_off(what: str, key: str) -> Callable[[Sequence[float], Sequence[float]]
     return rule
 
 
+def _reward_fell(before: Sequence[float], since: Sequence[float]) -> str | None:
+    then, now = _mean(before), _mean(since)
+    if now < then - max(0.05, 0.1 * abs(then)):
+        return (
+            f"the training reward fell too ({then:.3g} to {now:.3g}, lowest {min(since):.3g}): the updates made "
+            "the policy worse on the very tasks it trains on, steps too large for it (lower trainer.lr: "
+            "Adam moves every weight by about lr at its first steps, whatever the gradient's size; or "
+            "raise trainer.warmup_steps)"
+        )
+    return None
+
+
 def _reward_rose(before: Sequence[float], since: Sequence[float]) -> str | None:
     then, now = _mean(before), _mean(since)
     if now > then + max(0.05, 0.1 * abs(then)):
@@ -129,6 +141,7 @@ class Signal:
 
 
 SIGNALS = (
+    Signal("training_reward_fell", "reward/mean", _reward_fell),
     Signal("entropy_collapse", "entropy/mean", _entropy_collapse),
     Signal("grad_norm_spikes", "grad_norm", _grad_norm_spikes),
     Signal("mismatch", "off_policy/kl_k3", _mismatch),

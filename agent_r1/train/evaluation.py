@@ -51,7 +51,9 @@ def evaluate(
     own_models: dict | None = None,
 ) -> dict[str, float]:
     """Evaluate the configured policy (``model``, or ``model.path``) on ``data.val`` and return
-    eval/reward, eval/success, eval/error_fraction, eval/tasks, eval/episodes. With several policies,
+    eval/reward, eval/success, eval/error_fraction, eval/tasks, eval/episodes, eval/trajectories
+    (``evaluate_rollouts``). A saved adapter (``model.adapter``) is held as train holds it, so this
+    equals train's step-0 evaluation. With several policies,
     ``own_models``: the policies with a model of their own (default: loaded from their paths)."""
     from agent_r1.train.backends import local_rollout
     from agent_r1.train.builders import check_env, load_config_tokenizer, resolve_device

@@ -27,12 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent_r1.models.loading import NoChatTemplateError
     from agent_r1.train.checkpoint import CheckpointError
-    from agent_r1.train.config import ConfigError, load_config_with_choices
-    from agent_r1.train.data import DataError
+    from agent_r1.train.config import load_config_with_choices
     from agent_r1.train.health import TrainingHalted
-    from agent_r1.train.preflight import PreflightErrors
+    from agent_r1.train.preflight import PREFLIGHT_ERRORS
 
     try:
         config, choices = load_config_with_choices(args.config, list(args.overrides))
@@ -54,14 +52,7 @@ def run(args: argparse.Namespace) -> int:
             trained = {name: m for name, m in own_models.items() if not config.policies[name].frozen}
             load_checkpoint(args.checkpoint, model, own_models=trained)
         metrics = evaluate(config, model=model, own_models=own_models)
-    except (
-        ConfigError,
-        PreflightErrors,
-        DataError,
-        FileNotFoundError,
-        NoChatTemplateError,
-        CheckpointError,
-    ) as e:
+    except (*PREFLIGHT_ERRORS, FileNotFoundError, CheckpointError) as e:
         print(f"agent-r1 eval: {e}")
         return 2
     except TrainingHalted as e:

@@ -81,13 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent_r1.models.loading import NoChatTemplateError
     from agent_r1.train.checkpoint import CheckpointError
-    from agent_r1.train.config import ConfigError, load_config_with_choices
-    from agent_r1.train.data import DataError
+    from agent_r1.train.config import load_config_with_choices
     from agent_r1.train.health import TrainingHalted
     from agent_r1.train.preemption import PREEMPTED_EXIT, Preempted
-    from agent_r1.train.preflight import PreflightErrors
+    from agent_r1.train.preflight import PREFLIGHT_ERRORS
     from agent_r1.train.resume import ResumeError
 
     overrides = list(args.overrides) + (["logging.progress=false"] if args.quiet else [])
@@ -114,15 +112,7 @@ def run(args: argparse.Namespace) -> int:
             allow_config_change=args.allow_config_change,
             overwrite=args.overwrite or args.smoke,  # a smoke folder is rebuilt each time
         )
-    except (
-        ConfigError,
-        PreflightErrors,
-        DataError,
-        FileNotFoundError,
-        NoChatTemplateError,
-        ResumeError,
-        CheckpointError,
-    ) as e:
+    except (*PREFLIGHT_ERRORS, FileNotFoundError, ResumeError, CheckpointError) as e:
         print(f"agent-r1 train: {e}")
         return 2
     try:

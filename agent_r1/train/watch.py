@@ -147,7 +147,12 @@ SIGNALS = (
     Signal("mismatch", "off_policy/kl_k3", _mismatch),
     Signal("zero_variance_groups", "filter/zero_variance_fraction", _zero_variance),
     Signal(
-        "truncation", "rollout/truncated_fraction", _cut_off("hit rollout.max_tokens", "rollout.max_tokens")
+        "truncation",
+        "rollout/truncated_fraction",
+        _cut_off(
+            "were cut short (TRUNCATED: a prompt outgrew rollout.max_prompt_tokens or the model's context)",
+            "a context policy that keeps prompts short, e.g. the env's context: sliding_window",
+        ),
     ),
     Signal(
         "step_limit",

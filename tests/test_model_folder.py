@@ -219,3 +219,58 @@ def test_a_checkpoint_policy_is_a_model_folder(warm_adapter, tmp_path):
         [f"model.path={tmp_path / 'run/checkpoints/step_000001/model'}", "model.adapter=null"],
     )
     assert torch.equal(_logits(load_policy(checkpoint.model)), trained)
+
+
+def test_serve_serves_the_adapter_on_its_base(warm_adapter, tiny_checkpoint):
+    """``agent-r1 serve FOLDER`` on a saved adapter: the warm start's greedy tokens (its weights merged
+    into the base), not the bare base's, through the real ``openai``-compatible client."""
+    import asyncio
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from agent_r1.rollout import HFEngine, OpenAIEngine
+    from agent_r1.types import SamplingParams
+
+    folder, _ = warm_adapter
+    prompt, params = [1, 60, 61, 62, 63], SamplingParams(max_tokens=6, temperature=0.0, seed=0)
+
+    def greedy(model) -> tuple[int, ...]:
+        engine = HFEngine(model)
+        try:
+            return tuple(asyncio.run(engine.generate(prompt, params)).token_ids)
+        finally:
+            engine.close()
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "agent_r1.cli", "serve", str(folder), "--port", str(port)],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        client = OpenAIEngine(f"http://127.0.0.1:{port}/v1", folder.name)
+
+        async def served() -> tuple[int, ...]:
+            deadline = time.monotonic() + 120
+            while True:
+                assert server.poll() is None, f"agent-r1 serve exited: {server.stdout.read()}"
+                result = await client.generate(prompt, params)
+                if result.error is None:
+                    return tuple(result.token_ids)
+                assert time.monotonic() < deadline, f"agent-r1 serve did not come up: {result.error}"
+                await asyncio.sleep(0.5)
+
+        tokens = asyncio.run(served())
+        asyncio.run(client.aclose())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert tokens == greedy(load_frozen_model(folder))
+    assert tokens != greedy(load_frozen_model(tiny_checkpoint))

@@ -103,7 +103,7 @@ def build_engine(args: argparse.Namespace, tokenizer):
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from agent_r1.models.loading import load_tokenizer
+    from agent_r1.models.loading import load_tokenizer, model_folder
     from agent_r1.rollout.server import build_app, check_exposure
 
     # An empty variable counts as unset (as VLLM_API_KEY does); an empty --api-key is an error.
@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"agent-r1 serve: --tool-prompt compact: {e}") from None
     if not Path(args.model).is_dir():
         raise SystemExit(f"agent-r1 serve: {args.model!r} is not a model folder")
-    tokenizer = load_tokenizer(args.model, require_template=False)
+    # a saved LoRA adapter is served on its base (model_folder), with its own tokenizer or the base's
+    tokenizer = load_tokenizer(model_folder(args.model, key=None).tokenizer, require_template=False)
     engine = build_engine(args, tokenizer)
     name = args.served_model_name or Path(args.model).resolve().name
     app = build_app(

@@ -242,6 +242,11 @@ class ModelFolder:
         """Whether the adapter folder holds a tokenizer of its own (``save_model`` writes one)."""
         return self.adapter is not None and (Path(self.adapter) / "tokenizer_config.json").is_file()
 
+    @property
+    def tokenizer(self) -> str:
+        """Where its tokenizer loads from: the adapter folder when it holds one, else the base."""
+        return self.adapter if self.has_tokenizer else self.base
+
     def describe(self) -> str:
         if self.adapter is None:
             return f"{self.path!r}: a full model" if Path(self.path).is_dir() else f"{self.path!r}"

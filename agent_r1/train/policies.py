@@ -334,9 +334,7 @@ def check_own_models(config: TrainConfig, tokenizer) -> None:
             )
         try:
             folder = model_folder(path, key)  # a saved adapter: its own tokenizer, else its base's
-            own = load_tokenizer(
-                folder.adapter if folder.has_tokenizer else folder.base, require_template=False
-            )
+            own = load_tokenizer(folder.tokenizer, require_template=False)
         except (ModelNotFoundError, OSError, ValueError) as error:
             raise ConfigError(key, f"{path!r}: its tokenizer cannot be loaded: {error}") from None
         if own.get_vocab() != tokenizer.get_vocab():

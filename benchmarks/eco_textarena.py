@@ -44,7 +44,11 @@ from agent_r1.train.trainer import Trainer  # noqa: E402
 NOISE = 0.3
 ARMS = {
     "TicTacToe-v0": {
-        "env_kwargs": {},
+        # The game's turns pile up under the default append context: with the byte tokenizer a seat's
+        # 5th prompt is ~2,180 tokens, past rollout.max_prompt_tokens (2,048), so 44% of the training
+        # games ended TRUNCATED, neither won nor lost (benchmarks/HISTORY.md, issue 65). The board is
+        # in every observation: the last two turns are all a move needs.
+        "env_kwargs": {"context": "sliding_window", "context_kwargs": {"k": 2}},
         "seats": (0, 1),
         "player": players.TicTacToePlayer,
         "metric": "held-out win rate vs random (both seats, T=1, 4 samples per game)",

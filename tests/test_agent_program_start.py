@@ -107,15 +107,16 @@ def test_the_agent_module_in_the_working_directory_is_found(tmp_path):
     ],
 )
 def test_a_bad_agent_program_kwarg_is_refused_before_the_model_loads(env_kwargs, key, cause, tmp_path):
-    """Exit 2, the message once, and no model touched: the model path does not exist, so reaching it
-    would fail with another message."""
+    """Exit 2, each problem once, found without loading a model: the bad kwarg, and (an independent
+    problem, listed beside it) the model path that does not exist; no traceback."""
     write_package(tmp_path)
     config = write_config(tmp_path, str(tmp_path / "no-model-here"), tmp_path / "run", **env_kwargs)
     done = train(config, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
     assert output.count(f"config key '{key}'") == 1 and cause in output, output
-    assert "no-model-here" not in output and "Traceback" not in output
+    assert "2 problems found without the weights" in output, output
+    assert output.count("no-model-here' is not a local folder") == 1 and "Traceback" not in output
     if "No module" in cause:
         assert "beside the config file, in the working directory" in output
 
@@ -125,11 +126,11 @@ def test_agent_r1_eval_refuses_a_bad_agent_before_the_model_loads(tmp_path):
     done = train(config, cwd=tmp_path, command="eval")
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
-    assert (
-        output.count("agent-r1 eval: config key 'env.kwargs.agent'") == 1
-        and "No module named 'nowhere'" in output
-    )
-    assert "no-model-here" not in output and "Traceback" not in output
+    assert output.count("config key 'env.kwargs.agent'") == 1 and "No module named 'nowhere'" in output
+    # and the config gives no data.val: every problem in one run, each once
+    assert "agent-r1 eval: 3 problems found without the weights" in output, output
+    assert output.count("config key 'data.val': no tasks") == 1
+    assert output.count("no-model-here' is not a local folder") == 1 and "Traceback" not in output
 
 
 @pytest.mark.parametrize(

@@ -85,6 +85,22 @@ def test_the_causes_are_read_from_the_steps_since_the_best_evaluation(caplog):
     assert len(caplog.records) == 1  # said once, while the causes stay the same
 
 
+def test_steps_without_a_gradient_are_no_baseline():
+    """A step whose every group agreed has grad norm 0 (nothing forwarded): a median of zeros would
+    make any later gradient a 'spike' (and divide by zero); only steps that updated count."""
+    watch = HeldOutWatch()
+    watch.observe_eval(0, _eval(0.5))
+    _steps(watch, 1, 3, grad_norm=0.0)
+    watch.observe_step(4, {"grad_norm": 0.4})
+    _, metrics = watch.observe_eval(4, _eval(0.1))
+    assert metrics["watch/below_start"] == 1.0 and "watch/cause/grad_norm_spikes" not in metrics
+    watch.observe_step(5, {"grad_norm": 0.1})
+    watch.observe_eval(5, _eval(0.6))  # the best: steps 1-5 are before it, 0.4 and 0.1 their updates
+    watch.observe_step(6, {"grad_norm": 0.9})
+    _, metrics = watch.observe_eval(6, _eval(0.1))
+    assert metrics["watch/cause/grad_norm_spikes"] == 1.0  # 0.9 > 3 x 0.25, the updates' median
+
+
 def test_no_moved_signal_is_said_too(caplog):
     watch = HeldOutWatch()
     watch.observe_eval(0, _eval(0.8))

@@ -66,7 +66,10 @@ def _entropy_collapse(before: Sequence[float], since: Sequence[float]) -> str | 
 
 
 def _grad_norm_spikes(before: Sequence[float], since: Sequence[float]) -> str | None:
-    usual, peak = _median(before), max(since)
+    updated = [v for v in before if v > 0]  # a step whose every loss vanished has no gradient at all
+    if not updated:
+        return None
+    usual, peak = _median(updated), max(since)
     if peak > 3 * usual:
         return (
             f"the gradient norm reached {peak:.3g}, {peak / usual:.1f}x its median {usual:.3g} before: "

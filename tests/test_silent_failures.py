@@ -86,7 +86,8 @@ def test_the_trainer_refuses_before_loading_the_model(tmp_path, tiny_checkpoint,
     assert main(["train", str(config)]) == 2
     out = capsys.readouterr().out
     assert "row 1 (id 'train-0-1') has no field 'answer'" in out
-    assert "no-such-model" not in out  # refused before the model was looked for
+    # found without loading any weight, beside the data row: the model folder that is not there
+    assert "2 problems found without the weights" in out and "no-such-model' is not a local folder" in out
 
 
 # ---------------------------------------------------------------- a checkpoint that cannot be written

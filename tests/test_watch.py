@@ -198,14 +198,14 @@ def test_a_run_keeps_its_best_and_says_why_it_fell(tiny_checkpoint, tmp_path, ca
 
     run_a = tmp_path / "a"
     config = _run_config(tiny_checkpoint, run_a, steps=4)
-    Trainer(config, train_tasks=tasks(12), val_tasks=tasks(16, offset=100), reward_fn=LowBytesReward(1)).fit()
+    Trainer(config, train_tasks=tasks(12), val_tasks=tasks(8, offset=100), reward_fn=LowBytesReward(1)).fit()
     evals = _eval_rows(run_a)
     best_step = int(evals[4]["watch/best_step"])
     assert evals[0]["eval/success"] < evals[best_step]["eval/success"] == evals[4]["watch/best_success"]
     best = run_a / "checkpoints" / "best"
     assert json.loads((best / "info.json").read_text())["step"] == best_step
     val = tmp_path / "val.jsonl"
-    val.write_text("".join(json.dumps(t) + "\n" for t in tasks(16, offset=100)))
+    val.write_text("".join(json.dumps(t) + "\n" for t in tasks(8, offset=100)))
     dump_config(_run_config(tiny_checkpoint, run_a, steps=4), tmp_path / "a.yaml")
     assert main(["eval", str(tmp_path / "a.yaml"), f"data.val={val}", "--checkpoint", str(best)]) == 0
     scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -213,28 +213,28 @@ def test_a_run_keeps_its_best_and_says_why_it_fell(tiny_checkpoint, tmp_path, ca
 
     run_b = tmp_path / "b"
     unlearn = Trainer(
-        _run_config(best / "model", run_b, steps=6),
+        _run_config(best / "model", run_b, steps=4),
         train_tasks=tasks(12),
-        val_tasks=tasks(16, offset=100),
+        val_tasks=tasks(8, offset=100),
         reward_fn=LowBytesReward(-4),
     )
     with caplog.at_level(logging.WARNING, logger="agent_r1.train.watch"):
         unlearn.fit()
     start = scored["eval/success"]
     evals = _eval_rows(run_b)
-    assert evals[0]["eval/success"] == start > 0.5 and evals[6]["eval/success"] == 0.0
-    assert evals[6]["watch/below_start"] == 1.0
+    assert evals[0]["eval/success"] == start > 0.5 and evals[4]["eval/success"] == 0.0
+    assert evals[4]["watch/below_start"] == 1.0
     (said,) = [r.message for r in caplog.records if "fell below the start" in r.message]
     assert f"against {start:.3f} at the start" in said and "Likely cause" in said
     assert "training_reward_rose: the training reward rose" in said  # it was paid to unlearn
-    assert evals[6]["watch/cause/training_reward_rose"] == 1.0
+    assert evals[4]["watch/cause/training_reward_rose"] == 1.0
     assert not (run_b / "checkpoints" / "best").exists()  # nothing beat the start
 
     # run A goes on from its best: the newer checkpoint is set aside, the metrics after it forgotten
     resumed = Trainer(
         _run_config(tiny_checkpoint, run_a, steps=4),
         train_tasks=tasks(12),
-        val_tasks=tasks(16, offset=100),
+        val_tasks=tasks(8, offset=100),
         reward_fn=LowBytesReward(1),
         resume=best,
     )

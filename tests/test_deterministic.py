@@ -156,6 +156,27 @@ def test_a_deterministic_async_run_is_bitwise_equal_to_its_rerun(tmp_path, tiny_
     assert _differences(*runs) == []
 
 
+@pytest.mark.slow
+def test_a_deterministic_run_in_bf16_is_bitwise_equal_to_its_rerun(tmp_path):
+    """Issue 63: the mode holds at whatever type it computes in. A model whose layers the engine packs
+    (hidden 512), sampled in bf16 (the batch-invariant engine checks its bf16 products at every row
+    count first) and trained under bf16 autocast; two mini-batches recompute the old log-probs, which
+    measure the mismatch every step."""
+    from agent_r1.models.tiny import save_tiny_checkpoint
+
+    model = save_tiny_checkpoint(tmp_path / "model", hidden_size=512, num_layers=2, intermediate_size=1024)
+    config = _config(tmp_path, model, deterministic=True)
+    settings = yaml.safe_load(config.read_text())
+    settings["rollout"]["compute_dtype"] = "bfloat16"
+    settings["model"]["compute_dtype"] = "bfloat16"
+    config.write_text(yaml.safe_dump(settings))
+    runs = [tmp_path / "run", tmp_path / "rerun"]
+    for process in [_start(config, run) for run in runs]:  # side by side: other timings, other batches
+        _finish(process)
+    assert _differences(*runs) == []
+    assert all("mismatch/kl_k3" in row for row in _rows(runs[0]))
+
+
 # A kill point: (environment for the run, the file that appears once the run is there).
 RESETS_PER_STEP = 2 * 3  # tasks_per_step x rollout.n
 

@@ -39,6 +39,7 @@ from agent_r1.algos.off_policy import (
     OffPolicyConfig,
     correct_tokens,
     get_off_policy_correction,
+    mismatch_metrics,
     off_policy_correction,
     register_off_policy_correction,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "get_kl_estimator",
     "get_loss_aggregation",
     "get_off_policy_correction",
+    "mismatch_metrics",
     "get_policy_loss",
     "kl_penalty",
     "reverse_kl_per_token",

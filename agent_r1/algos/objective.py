@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from agent_r1.algos.kl import KLConfig, kl_penalty
+from agent_r1.algos.off_policy import mismatch_metrics
 from agent_r1.algos.policy_losses import PolicyLossConfig, get_policy_loss
 from agent_r1.algos.tokens import TokenFields
 from agent_r1.algos.value_losses import clipped_value_loss
@@ -33,11 +34,17 @@ class PolicyObjective:
     only logs the entropy), on the live (mask > 0) tokens.
 
     With ``tokens.old_logprobs`` None (one optimizer step per batch: the policy has not moved since
-    the rollout) the old log-probs are the new ones, detached, so the first ratio is exactly 1."""
+    the rollout) the old log-probs are the new ones, detached, so the first ratio is exactly 1.
+
+    ``measure_mismatch``: every call is at the weights that sampled (one update per batch), so the
+    stats add how far the sampler's log-probs are from these (``mismatch/*``,
+    ``agent_r1.algos.off_policy.mismatch_metrics``; a ``*_max`` stat is combined by its maximum, the
+    others by their token-weighted mean)."""
 
     loss: PolicyLossConfig = PolicyLossConfig()
     kl: KLConfig = KLConfig()
     entropy_coef: float = 0.0
+    measure_mismatch: bool = False
 
     @property
     def uses_reference(self) -> bool:
@@ -57,6 +64,9 @@ class PolicyObjective:
         self, logprobs_K: Tensor, entropy_K: Tensor | None, tokens: TokenFields
     ) -> tuple[Tensor, dict[str, float]]:
         old_logprobs_K = logprobs_K.detach() if tokens.old_logprobs is None else tokens.old_logprobs
+        mismatch = {}
+        if self.measure_mismatch:  # the learner at the weights that sampled: what they differ by
+            mismatch = mismatch_metrics(logprobs_K, tokens.sampler_logprobs, tokens.mask)
         loss_K, stats = get_policy_loss(self.loss.name)(
             logprobs_K,
             old_logprobs_K,
@@ -79,7 +89,7 @@ class PolicyObjective:
                     live_K, entropy_K, torch.zeros_like(entropy_K)
                 )
             stats["entropy/mean"] = (entropy_K.detach() * live_K).sum() / denom
-        return loss_K, {name: float(v) for name, v in stats.items()}
+        return loss_K, {name: float(v) for name, v in {**stats, **mismatch}.items()}
 
 
 @dataclass(frozen=True)

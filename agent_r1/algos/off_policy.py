@@ -24,6 +24,17 @@ The trainer computes them once per step from the learner's recomputed old log-pr
 other than ``none`` makes it recompute them), before the update. Metrics (over the trained tokens):
 ``off_policy/kl_k3`` = mean(rho - 1 - log rho), the k3 estimate of KL(mu || pi_old); the ratio's mean
 and max; the weight's mean; the fraction of tokens dropped.
+
+**The mismatch, whatever the correction** (``mismatch_metrics``): how far the sampler's log-probs are
+from the learner's at the same tokens, ``mismatch/logprob_abs_mean`` and ``mismatch/logprob_abs_max``
+(|learner - sampler| per trained token) and ``mismatch/kl_k3`` (the k3 estimate of KL(sampler ||
+learner), the same quantity as ``off_policy/kl_k3``). Precision (a bf16 sampler against an fp32
+learner), kernels and staleness all show here. Every step reports them wherever the learner's
+log-probs at the sampled weights exist without an extra forward pass: the old log-probs when they are
+recomputed (several updates per batch, or a correction), and the update's own forward with one
+update per batch (the policy has not moved since the rollout). ``algorithm.old_logprobs: sampler``
+with several updates per batch computes no learner log-probs before the update, so there it is not
+reported.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ __all__ = [
     "OffPolicyConfig",
     "correct_tokens",
     "get_off_policy_correction",
+    "mismatch_metrics",
     "off_policy_correction",
     "register_off_policy_correction",
 ]
@@ -166,6 +178,20 @@ def off_policy_correction(
             "off_policy/dropped_fraction": float(1 - keep[live].float().mean()),
         }
     return weight, keep, metrics
+
+
+def mismatch_metrics(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """``mismatch/*`` over the live (mask > 0) tokens: the mean and max |learner - sampler| log-prob
+    and the k3 estimate of KL(sampler || learner); no metrics without a live token."""
+    live = mask > 0
+    if not bool(live.any()):
+        return {}
+    delta = (learner_logprobs.detach() - sampler_logprobs.detach())[live].float()
+    return {
+        "mismatch/logprob_abs_mean": delta.abs().mean(),
+        "mismatch/logprob_abs_max": delta.abs().max(),
+        "mismatch/kl_k3": (torch.exp(delta) - 1 - delta).mean(),
+    }
 
 
 def correct_tokens(tokens: TokenFields, cfg: OffPolicyConfig) -> tuple[TokenFields, dict[str, float]]:

@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         config, choices = load_config_with_choices(args.config, overrides)
         for choice in choices:  # what trainer.mode: async needs, where the config left it unset
             print(f"agent-r1 train: chose {choice}")
+        from agent_r1.train.builders import precision_line
+
+        precision = precision_line(config)
+        if precision:  # model.compute_dtype / rollout.compute_dtype other than float32
+            print(f"agent-r1 train: {precision}")
         if args.smoke:
             from agent_r1.train.smoke import SmokeError, smoke_config
 

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agent_r1.train.learner import GradientSync, Learner
+from agent_r1.train.learner import GradientSync, Learner, combine
 
 __all__ = ["DDPStrategy", "FSDP2Strategy", "STRATEGIES", "Strategy", "decoder_layers", "make_strategy"]
 
@@ -62,11 +62,7 @@ class Strategy(GradientSync):
     def reduce(self, sums: dict[str, float]) -> dict[str, float]:
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, sums)
-        out: dict[str, float] = {}
-        for rank_sums in gathered:
-            for name, value in rank_sums.items():
-                out[name] = out.get(name, 0.0) + value
-        return out
+        return combine(gathered)
 
 
 def _sum_allreduce(process_group, bucket):  # DDP rejects a string annotation (future import)

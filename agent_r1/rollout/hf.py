@@ -103,6 +103,27 @@ def _packed_linears(asked: bool | None, device: torch.device) -> bool:
     return possible if asked is None else asked
 
 
+def _compute_dtype(asked: torch.dtype | str, device: torch.device, packed: bool) -> torch.dtype:
+    """The engine's compute type ``asked`` (a dtype or its name), refused where it cannot run: on the
+    CPU a narrower type needs the packed linears and a oneDNN kernel for it on this CPU."""
+    dtype = getattr(torch, asked) if isinstance(asked, str) else asked
+    if dtype == torch.float32 or device.type != "cpu":
+        return dtype
+    if dtype not in packed_linear.NARROW_TYPES:
+        raise ValueError(f"HFEngine: compute_dtype must be float32, bfloat16 or float16, got {asked}")
+    if not packed or not packed_linear.narrow_type_available(dtype):
+        raise ValueError(
+            f"HFEngine(compute_dtype={str(dtype).removeprefix('torch.')}) narrows the packed linear layers; "
+            + (
+                "packed_linears is off"
+                if not packed
+                else "this CPU or torch build has no oneDNN kernel for it"
+            )
+            + " (use float32)"
+        )
+    return dtype
+
+
 def _resolve(future: asyncio.Future, completion: Completion) -> None:
     if not future.done():
         future.set_result(completion)
@@ -145,7 +166,10 @@ class HFEngine:
     elements) through oneDNN on weights packed once per weight version
     (``agent_r1.rollout.packed_linear``; the packed copies cost those weights' memory once more).
     Default: on for a CPU engine where this torch build has it; True where it has not raises
-    ValueError.
+    ValueError. ``compute_dtype``: the packed layers' type (``torch.bfloat16`` or ``float16``: each
+    weight's packed copy in it, input rounded to it, result fp32; everything else, the LM head
+    included unless ``narrow_head``, fp32; on a GPU the forwards run under autocast in it). The
+    effective type is ``self.compute_dtype`` (fp32 when no layer is packed, e.g. a tiny model).
 
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the
@@ -169,6 +193,8 @@ class HFEngine:
         roles: Mapping[str, str | None] | None = None,
         batch_invariant: bool = False,
         packed_linears: bool | None = None,
+        compute_dtype: torch.dtype | str = torch.float32,
+        narrow_head: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
@@ -189,7 +215,14 @@ class HFEngine:
         attn_implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
         can_share = attn_implementation == "sdpa" and cascade.plain_attention(model.config)
         self.packed_linears = _packed_linears(packed_linears, self.device)
-        linears = PackedLinears(self.model, self.packed_linears)
+        compute_dtype = _compute_dtype(compute_dtype, self.device, self.packed_linears)
+        linears = PackedLinears(self.model, self.packed_linears, compute_dtype, narrow_head)
+        # what the sampler computes in: a narrower type only where some layer runs in it
+        parameters = next(self.model.parameters()).dtype
+        if parameters != torch.float32:  # a model cast to a narrower type computes in it throughout
+            self.compute_dtype = parameters
+        else:
+            self.compute_dtype = compute_dtype if linears.layers or self.device.type != "cpu" else parameters
         self.batch_invariant = batch_invariant
         if batch_invariant:
             refuse_settings(self.device, can_share, cascade_attention, prefix_cache_entries, roles)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "check_attention",
     "check_engine_kwargs",
     "check_env",
+    "compute_dtype",
     "critic_learner",
     "critic_model_config",
     "env_factory",
@@ -41,11 +43,15 @@ __all__ = [
     "policy_objective",
     "own_engines",
     "resolve_device",
+    "precision_line",
     "rollout_engine",
+    "sampler_dtype",
     "rollout_flows",
     "sampling_params",
     "value_objective",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def estimator_needs(config: TrainConfig) -> Needs:
@@ -75,6 +81,33 @@ def resolve_device(config: TrainConfig) -> torch.device:
             f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})",
         )
     return torch.device("cuda", index)
+
+
+def compute_dtype(config: TrainConfig, device: torch.device) -> tuple[torch.dtype, str]:
+    """``model.compute_dtype`` for a learner on ``device`` ('auto' resolved), and why
+    (``agent_r1.models.precision.resolve_compute_dtype``)."""
+    from agent_r1.models.precision import resolve_compute_dtype
+
+    return resolve_compute_dtype(config.model.compute_dtype, torch.device(device))
+
+
+def sampler_dtype(config: TrainConfig, device: torch.device) -> tuple[torch.dtype, str]:
+    """``rollout.compute_dtype`` for an engine on ``device`` ('auto' resolved), and why
+    (``agent_r1.models.precision.resolve_sampler_dtype``)."""
+    from agent_r1.models.precision import resolve_sampler_dtype
+
+    return resolve_sampler_dtype(config.rollout.compute_dtype, torch.device(device))
+
+
+def precision_line(config: TrainConfig) -> str | None:
+    """What the learner and the sampler compute in and why, for a run's first lines; None when both
+    keys are float32 as configured (the default: nothing to say)."""
+    if {config.model.compute_dtype, config.rollout.compute_dtype} == {"float32"}:
+        return None
+    device = resolve_device(config)
+    _, learner = compute_dtype(config, device)
+    _, sampler = sampler_dtype(config, device)
+    return f"the learner computes in {learner}; the sampler in {sampler}"
 
 
 def check_attention(config: TrainConfig) -> None:
@@ -191,9 +224,16 @@ def agent_loop(config: TrainConfig, tokenizer, make_env: Callable[[], Any], samp
 
 
 def policy_objective(config: TrainConfig) -> PolicyObjective:
-    """The configured per-token policy objective: the ``algorithm`` sections passed on unchanged."""
-    algo = config.algorithm
-    return PolicyObjective(loss=algo.policy_loss, kl=algo.kl, entropy_coef=algo.entropy_coef)
+    """The configured per-token policy objective: the ``algorithm`` sections passed on unchanged; with
+    one update per batch its forwards are at the sampled weights and measure the sampler/learner
+    mismatch (``PolicyObjective.measure_mismatch``)."""
+    algo, trainer = config.algorithm, config.trainer
+    return PolicyObjective(
+        loss=algo.policy_loss,
+        kl=algo.kl,
+        entropy_coef=algo.entropy_coef,
+        measure_mismatch=trainer.ppo_epochs * trainer.mini_batches == 1,
+    )
 
 
 def value_objective(config: TrainConfig) -> ValueObjective:
@@ -234,8 +274,11 @@ def _total_updates(config: TrainConfig) -> int:
     return trainer.steps * trainer.ppo_epochs * trainer.mini_batches
 
 
-def policy_learner(config: TrainConfig, model, *, reference=None, sync=None, own_models=None) -> Learner:
-    """The policy's ``Learner`` (AdamW, schedule) over ``model`` (built by ``load_policy``); with
+def policy_learner(
+    config: TrainConfig, model, *, reference=None, sync=None, own_models=None, dtype=None
+) -> Learner:
+    """The policy's ``Learner`` (AdamW, schedule) over ``model`` (built by ``load_policy``), computing
+    in ``dtype`` (``compute_dtype``; None: the parameters' dtype); with
     several policies (``config.policies``) a ``PolicyLearners``: one Learner per trained policy over
     its adapter, with the policy's learning rate and gradient sync (``sync``: one, or a mapping by
     policy from ``policy_syncs``); a policy with a model of its own
@@ -254,6 +297,7 @@ def policy_learner(config: TrainConfig, model, *, reference=None, sync=None, own
                 total_optimizer_steps=_total_updates(config),
                 sync=sync.get(name) if isinstance(sync, Mapping) else sync,  # a learner group's: per policy
                 parameters=adapter_parameters(policy_model, name),
+                compute_dtype=dtype,
             )
         return PolicyLearners(learners, model)
     return Learner(
@@ -263,11 +307,13 @@ def policy_learner(config: TrainConfig, model, *, reference=None, sync=None, own
         total_optimizer_steps=_total_updates(config),
         reference=reference,
         sync=sync,
+        compute_dtype=dtype,
     )
 
 
-def critic_learner(config: TrainConfig, model, *, sync=None) -> Learner:
-    """The critic's ``Learner`` (``trainer.critic_lr``) over a value model from ``load_critic``."""
+def critic_learner(config: TrainConfig, model, *, sync=None, dtype=None) -> Learner:
+    """The critic's ``Learner`` (``trainer.critic_lr``) over a value model from ``load_critic``,
+    computing in ``dtype`` (as ``policy_learner``)."""
     from agent_r1.train.critic import micro_batch_values
 
     return Learner(
@@ -277,6 +323,7 @@ def critic_learner(config: TrainConfig, model, *, sync=None) -> Learner:
         total_optimizer_steps=_total_updates(config),
         forward=micro_batch_values,
         sync=sync,
+        compute_dtype=dtype,
     )
 
 
@@ -326,7 +373,8 @@ _FILLED_IN = {
     "model": "model.path",
     "adapter": "model.adapter",
     "tokenizer": "model.tokenizer",
-    "dtype": "model.dtype",
+    "dtype": "model.dtype (vLLM: rollout.compute_dtype when narrower)",
+    "compute_dtype": "rollout.compute_dtype",
     "device": "model.device",
     "max_batch_size": "rollout.max_batch_size (vLLM's own limit is max_num_seqs)",
     "roles": "policies and roles",
@@ -393,12 +441,18 @@ def rollout_engine(config: TrainConfig, tokenizer, source=None, *, device=None, 
             kwargs.setdefault("max_lora_rank", max_adapter_rank(config))
     if source is None and not config.policies:
         kwargs["adapter"] = config.model.adapter  # merged: the policy's weights (several: its adapters)
+    weights_dtype = config.model.dtype
+    sampler, _ = sampler_dtype(config, torch.device(device or "cpu"))
+    if rollout.engine == "hf":
+        kwargs["compute_dtype"] = sampler
+    elif sampler != torch.float32:  # vLLM computes in its weights' type
+        weights_dtype = str(sampler).removeprefix("torch.")
     try:
         engine = build_engine(
             rollout.engine,
             base_path(config) if source is None else source,
             tokenizer=tokenizer,
-            dtype=config.model.dtype,
+            dtype=weights_dtype,
             device=device,
             **kwargs,
         )
@@ -443,14 +497,17 @@ def build_learners(
 ) -> tuple[Learner, Learner | None]:
     """The policy's ``Learner`` over ``model`` (with the frozen reference for the KL term; with
     several policies, ``own_models`` their models of their own) and, for estimators that read
-    values, the critic's (a value head on its own copy of the policy's body).
+    values, the critic's (a value head on its own copy of the policy's body), all computing in
+    ``model.compute_dtype`` on ``device``.
 
     ``data_parallel(model, replica)``: on a rank of a learner group, the ``GradientSync`` strategy
     that wraps a model (``replica()`` builds an unsharded copy of it); None in one process, where the
     critic is moved to ``device`` (the policy is already there)."""
+    dtype, why = compute_dtype(config, device)
+    logger.info("the learner computes in %s", why)
     sync = None if data_parallel is None else policy_syncs(config, model, data_parallel)
     reference = load_reference(config, model, device)
-    policy = policy_learner(config, model, reference=reference, sync=sync, own_models=own_models)
+    policy = policy_learner(config, model, reference=reference, sync=sync, own_models=own_models, dtype=dtype)
     if estimator_needs(config).critic is None:
         return policy, None
     from agent_r1.train.critic import load_critic
@@ -458,9 +515,9 @@ def build_learners(
     critic_config = critic_model_config(config)
     critic_model = load_critic(critic_config)
     if data_parallel is None:
-        return policy, critic_learner(config, critic_model.to(device))
+        return policy, critic_learner(config, critic_model.to(device), dtype=dtype)
     critic_sync = data_parallel(critic_model, lambda: load_critic(critic_config))
-    return policy, critic_learner(config, critic_model, sync=critic_sync)
+    return policy, critic_learner(config, critic_model, sync=critic_sync, dtype=dtype)
 
 
 def load_own_models(config: TrainConfig, device=None, tokenizer=None) -> dict[str, Any]:

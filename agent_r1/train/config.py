@@ -175,7 +175,20 @@ class ModelConfig:
     tokenizer: str | None = _opt(
         None, "Tokenizer folder; defaults to model.adapter when it holds one, else model.path."
     )
-    dtype: Literal["float32", "bfloat16"] = _opt("float32", "Parameter and compute dtype of the learner.")
+    dtype: Literal["float32", "bfloat16"] = _opt(
+        "float32",
+        "Dtype of the learner's parameters, gradients and optimizer state (and of the engines' and "
+        "the reference's weights); the forward computes in it unless model.compute_dtype is narrower.",
+    )
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = _opt(
+        "float32",
+        "Dtype the learner's forward passes (policy, reference, critic) compute in, under torch.autocast, "
+        "while parameters, gradients and AdamW's state stay in model.dtype (fp32 master weights); "
+        "log-probs, entropies, values and losses stay fp32. Not narrower than model.dtype: no autocast. "
+        "'auto': bfloat16 on a CUDA device with native bf16 or a CPU with AMX (amx_bf16), else float32. "
+        "float16 is loss-scaled (torch.amp.GradScaler) and needs model.dtype float32 and no FSDP2. "
+        "agent_r1.models.precision.",
+    )
     gradient_checkpointing: bool = _opt(False, "Recompute activations in the backward pass to save memory.")
     lora: LoraConfig = _opt(LoraConfig(), "LoRA adapter (peft).")
     device: str = _opt(
@@ -251,6 +264,17 @@ class RolloutConfig:
     )
     eval_temperature: float = _opt(0.0, "Temperature for evaluation rollouts (0 = greedy).", _non_negative)
     eval_n: int = _opt(1, "Samples per validation task.", _positive)
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = _opt(
+        "float32",
+        "Dtype the sampler computes in. HF engine on the CPU: its large linear layers (weights of at "
+        "least 2^18 elements, the LM head excepted) multiply bf16 (or fp16) copies of the weights "
+        "through oneDNN, everything else fp32 (a tiny model packs none and stays fp32); on a GPU its "
+        "forwards run under autocast. vLLM: its dtype (float32: model.dtype, as before). 'auto': "
+        "bfloat16 where the device multiplies it natively (CUDA with bf16; a CPU with avx512_bf16 or "
+        "AMX), else float32. When the sampler's type differs from the learner's (model.compute_dtype), "
+        "algorithm.off_policy: tis is chosen where neither it nor algorithm.old_logprobs is set, and "
+        "every step reports mismatch/* (docs/precision.md).",
+    )
     engine: Literal["hf", "vllm"] = _opt(
         "hf",
         "Rollout engine, in this process and in each Ray rollout actor alike: 'hf' (continuous "
@@ -894,14 +918,16 @@ def _choose(config: TrainConfig, data: Mapping[str, Any]) -> tuple[TrainConfig, 
       own copy of the weights: ``rollout.share_model: false``, when ``rollout.share_model`` is unset;
     - samples drawn by an older policy need an off-policy correction: ``algorithm.off_policy: tis``
       (docs/algorithms.md, "Which to pick"), when neither ``algorithm.off_policy`` (its name) nor
-      ``algorithm.old_logprobs`` is set.
+      ``algorithm.old_logprobs`` is set;
+    - in any mode, a sampler that computes in another type than the learner needs the same
+      correction (``_choose_for_precision``).
 
     "Set" means present in ``data``, the raw mapping given to the builder (the YAML plus the
     overrides), whatever its value: a value the user set is never replaced, and one that contradicts
     async is refused by the cross-field checks, naming its key. The chosen values are the config's, so
     the resolved config a run writes holds them and a resume compares equal."""
     if config.trainer.mode != "async":
-        return config, ()
+        return _choose_for_precision(config, data, ())
     rollout, algorithm, choices = config.rollout, config.algorithm, []
     in_process_hf = config.distributed.backend == "none" and rollout.engine == "hf"
     if in_process_hf and not _given(data, "rollout.share_model"):
@@ -916,7 +942,38 @@ def _choose(config: TrainConfig, data: Mapping[str, Any]) -> tuple[TrainConfig, 
             "algorithm.off_policy: tis (trainer.mode: async trains on samples of an older policy: "
             "truncated importance weights against the sampler's log-probs, docs/algorithms.md)"
         )
-    return replace(config, rollout=rollout, algorithm=algorithm), tuple(choices)
+    return _choose_for_precision(replace(config, rollout=rollout, algorithm=algorithm), data, tuple(choices))
+
+
+def _choose_for_precision(
+    config: TrainConfig, data: Mapping[str, Any], choices: tuple[str, ...]
+) -> tuple[TrainConfig, tuple[str, ...]]:
+    """A sampler that computes in another type than the learner (``rollout.compute_dtype`` against
+    ``model.compute_dtype``, each resolved on this host) samples from another distribution:
+    ``algorithm.off_policy: tis`` when neither it nor ``algorithm.old_logprobs`` is set (and async has
+    not chosen it already)."""
+    if _given(data, "algorithm.off_policy.name") or _given(data, "algorithm.old_logprobs"):
+        return config, choices
+    wanted = {config.rollout.compute_dtype, config.model.compute_dtype}
+    if config.algorithm.off_policy.name != "none" or wanted == {"float32"}:
+        return config, choices
+    import torch
+
+    from agent_r1.models.precision import resolve_compute_dtype, resolve_sampler_dtype
+
+    device = torch.device("cpu" if config.model.device == "cpu" or not torch.cuda.is_available() else "cuda")
+    learner, _ = resolve_compute_dtype(config.model.compute_dtype, device)
+    sampler, _ = resolve_sampler_dtype(config.rollout.compute_dtype, device)
+    if sampler == learner:
+        return config, choices
+    algorithm = replace(config.algorithm, off_policy=replace(config.algorithm.off_policy, name="tis"))
+    name = str(sampler).removeprefix("torch.")
+    choice = (
+        f"algorithm.off_policy: tis (the sampler computes in {name}, the learner in "
+        f"{str(learner).removeprefix('torch.')}: truncated importance weights against the sampler's "
+        "log-probs, docs/precision.md)"
+    )
+    return replace(config, algorithm=algorithm), (*choices, choice)
 
 
 def _given(data: Mapping[str, Any], dotted: str) -> bool:
@@ -1208,6 +1265,25 @@ def _distill(config: TrainConfig) -> Iterator[ConfigError]:
         )
 
 
+def _float16_compute(config: TrainConfig) -> Iterator[ConfigError]:
+    """float16's loss scaling (``agent_r1.models.precision``) needs fp32 master weights, and one
+    overflow check for every worker: whole gradients on each."""
+    if config.model.compute_dtype != "float16":
+        return
+    if config.model.dtype != "float32":
+        yield ConfigError(
+            "model.compute_dtype",
+            f"float16 is loss-scaled onto fp32 master weights, but model.dtype is {config.model.dtype}: "
+            "set model.dtype: float32 (or compute_dtype: bfloat16, which needs no scaling)",
+        )
+    if config.distributed.backend != "none" and config.distributed.strategy == "fsdp2":
+        yield ConfigError(
+            "model.compute_dtype",
+            "float16's loss scaler checks each worker's gradients for overflow, and FSDP2 shards them: "
+            "use bfloat16 (no scaling) or distributed.strategy: ddp",
+        )
+
+
 def _correction_against_itself(config: TrainConfig) -> Iterator[ConfigError]:
     algo = config.algorithm
     if algo.off_policy.name != "none" and algo.old_logprobs == "sampler":
@@ -1219,6 +1295,7 @@ def _correction_against_itself(config: TrainConfig) -> Iterator[ConfigError]:
 
 
 _ASYNC_ENGINE = ("trainer.mode", "distributed.backend", "rollout.engine", "rollout.share_model")
+_DISTRIBUTED = ("distributed.backend", "distributed.strategy")
 _CROSS_FIELD_CHECKS: tuple[tuple[tuple[str, ...], CrossFieldCheck], ...] = (
     *(((key,), functools.partial(_registered_name, key=key, registry=r)) for key, r in _REGISTERED_NAMES),
     (("algorithm.advantage.name", "rollout.n"), _group_size),
@@ -1238,6 +1315,7 @@ _CROSS_FIELD_CHECKS: tuple[tuple[tuple[str, ...], CrossFieldCheck], ...] = (
     (("trainer.mode", "algorithm.old_logprobs", "algorithm.off_policy.name"), _async_correction),
     (("algorithm.distill", "algorithm.dynamic_filter"), _distill),
     (("algorithm.off_policy.name", "algorithm.old_logprobs"), _correction_against_itself),
+    (("model.compute_dtype", "model.dtype", *_DISTRIBUTED), _float16_compute),
 )
 """Each cross-field check with the keys it reads, in the order their errors are listed."""
 

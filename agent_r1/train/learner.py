@@ -11,6 +11,9 @@
   micro-batches. A non-finite loss or gradient norm skips the optimizer step (counted in the metrics);
   nothing non-finite ever reaches the weights.
 - LoRA through peft: the reference policy is the same model with the adapter disabled.
+- Mixed precision (``compute_dtype``, ``agent_r1.models.precision``): the forward passes run under
+  autocast, the parameters, gradients and AdamW's state stay in the model's dtype, and log-probs,
+  entropies and losses stay fp32; a float16 update is loss-scaled.
 - The model stays in eval mode (dropout off) except during an update with gradient checkpointing
   (which Hugging Face only applies in train mode); RL practice trains with dropout 0 so that the
   learner's distribution is the sampler's.
@@ -37,6 +40,7 @@ import torch
 from torch import Tensor
 
 from agent_r1.algos.tokens import TokenFields
+from agent_r1.models import precision
 from agent_r1.train import segment_attention
 from agent_r1.train.batching import MicroBatch
 from agent_r1.train.config import ModelConfig, TrainerConfig
@@ -222,6 +226,22 @@ class MiniBatch:
     tokens: TokenFields  # (num_tokens,) each, in the batch's flat token order
 
 
+MAX_PREFIX = "max:"
+"""A stat a learner combines by its maximum (over micro-batches and ranks), not by its sum."""
+
+
+def combine(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Ranks' stat totals in one: summed, but a ``MAX_PREFIX`` key's maximum."""
+    out: dict[str, float] = {}
+    for sums in per_rank:
+        for name, value in sums.items():
+            if name in out and name.startswith(MAX_PREFIX):
+                out[name] = max(out[name], value)
+            else:
+                out[name] = out.get(name, 0.0) + value
+    return out
+
+
 class GradientSync:
     """How ``Learner`` shares an update with other data-parallel ranks; this default shares nothing.
 
@@ -250,7 +270,8 @@ class GradientSync:
 
     def reduce(self, sums: dict[str, float]) -> dict[str, float]:
         """Called after accumulation, before clipping: the totals summed over ranks (keys may differ
-        between ranks; a missing key counts 0)."""
+        between ranks; a missing key counts 0), but a key starting with ``MAX_PREFIX``: its maximum
+        over the ranks that have it (``combine``)."""
         return sums
 
     def grad_norm(self, parameters: Sequence[torch.nn.Parameter], max_norm: float) -> float:
@@ -308,7 +329,9 @@ class Learner:
     policy and needs no second model). ``parameters``: what the optimizer trains (default every
     parameter that requires a gradient; one policy's adapter, ``agent_r1.train.policies``). ``forward``: what the model computes per scored token,
     ``micro_batch_logprobs`` (the policy, default) or ``agent_r1.train.critic.micro_batch_values``
-    (a critic; ``logprobs`` then returns values and the token loss receives them).
+    (a critic; ``logprobs`` then returns values and the token loss receives them). ``compute_dtype``:
+    what the forward passes compute in, when narrower than the parameters (``precision.autocast``;
+    float16 with a ``precision.grad_scaler``); None: the parameters' dtype.
     """
 
     def __init__(
@@ -322,8 +345,11 @@ class Learner:
         forward: Forward | None = None,
         sync: GradientSync | None = None,
         parameters: Sequence[torch.nn.Parameter] | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
+        self.compute_dtype = compute_dtype
+        self.grad_scaler = precision.grad_scaler(model, compute_dtype)
         self.forward = forward or micro_batch_logprobs
         self.sync = sync or GradientSync()
         self.config = config
@@ -361,7 +387,7 @@ class Learner:
         model = self.reference if reference and self.reference is not None else self.model
         adapter_off = self.model.disable_adapter() if reference and self.reference is None else None
         passes = self.sync.num_passes(len(micro_batches), backward=False)
-        with adapter_off or contextlib.nullcontext():
+        with adapter_off or contextlib.nullcontext(), precision.autocast(model, self.compute_dtype):
             for index in range(passes):
                 if index >= len(micro_batches):
                     self.forward(model, _padding_micro_batch(), self.temperature)
@@ -402,15 +428,19 @@ class Learner:
                 last = index == passes - 1
                 with contextlib.nullcontext() if last else self.sync.accumulating(module):
                     if index >= len(active):
-                        outputs_K, _ = self.forward(module, _padding_micro_batch(), self.temperature)
+                        with precision.autocast(module, self.compute_dtype):
+                            outputs_K, _ = self.forward(module, _padding_micro_batch(), self.temperature)
                         (0.0 * outputs_K.sum()).backward()
                         continue
                     mb = active[index]
                     start = time.perf_counter()
                     weights_K = mini_batch.weights[mb.flat_index_K].to(device)
-                    logprobs_K, entropy_K = self.forward(
-                        module, mb, self.temperature, with_entropy=with_entropy
-                    )
+                    # autocast covers the forward only: the loss is fp32, and each op's backward
+                    # runs in its forward's dtype without it
+                    with precision.autocast(module, self.compute_dtype):
+                        logprobs_K, entropy_K = self.forward(
+                            module, mb, self.temperature, with_entropy=with_entropy
+                        )
                     tokens = mini_batch.tokens.gather(mb.flat_index_K, device)
                     loss_K, stats = token_loss(logprobs_K, entropy_K, tokens)
                     loss = (weights_K * loss_K).sum()
@@ -422,7 +452,8 @@ class Learner:
                     # timings need no synchronisation of their own on an accelerator)
                     backward_start = time.perf_counter()
                     forward_s += backward_start - start
-                    loss.backward()  # after a non-finite loss only to keep collectives in step
+                    scaled = loss if self.grad_scaler is None else self.grad_scaler.scale(loss)
+                    scaled.backward()  # after a non-finite loss only to keep collectives in step
                     if not finite:
                         backward_s += time.perf_counter() - backward_start
                         continue
@@ -431,7 +462,11 @@ class Learner:
                     active_tokens = float((weights_K != 0).sum())
                     stat_weight += active_tokens
                     for name, value in stats.items():
-                        stat_sums[name] = stat_sums.get(name, 0.0) + value * active_tokens
+                        if name.endswith("_max"):  # a maximum stays one over micro-batches and ranks
+                            key = MAX_PREFIX + name
+                            stat_sums[key] = max(stat_sums.get(key, value), value)
+                        else:
+                            stat_sums[name] = stat_sums.get(name, 0.0) + value * active_tokens
         finally:
             self.model.eval()
         if len(active) < len(weighted) and passes == 0:
@@ -449,6 +484,8 @@ class Learner:
         grad_norm = float("nan")
         finite_loss = finite
         if finite:
+            if self.grad_scaler is not None:
+                self.grad_scaler.unscale_(self.optimizer)  # (an overflow leaves inf: skipped below)
             grad_norm = self.sync.grad_norm(self.trainable_parameters, self.config.max_grad_norm)
             finite = math.isfinite(grad_norm)
         lr = self.scheduler.get_last_lr()[0]
@@ -464,6 +501,8 @@ class Learner:
                 grad_norm,
                 self.skipped_updates,
             )
+        if self.grad_scaler is not None and finite_loss:  # it checked the gradients: unscale_
+            self.grad_scaler.update()  # halved after an overflow, doubled after 2000 steps without
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {
             "loss/policy": total_loss if finite else float("nan"),
@@ -477,7 +516,12 @@ class Learner:
             "time/learner_backward": backward_s,
             "time/optimizer": time.perf_counter() - optimizer_start,
         }
-        metrics.update({name: s / max(stat_weight, 1.0) for name, s in totals.items()})
+        metrics.update(
+            {
+                name.removeprefix(MAX_PREFIX): s if name.startswith(MAX_PREFIX) else s / max(stat_weight, 1.0)
+                for name, s in totals.items()
+            }
+        )
         return metrics
 
     def state_dict(self) -> dict:
@@ -486,6 +530,7 @@ class Learner:
             "scheduler": self.scheduler.state_dict(),
             "optimizer_steps": self.optimizer_steps,
             "skipped_updates": self.skipped_updates,
+            **({} if self.grad_scaler is None else {"grad_scaler": self.grad_scaler.state_dict()}),
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -493,3 +538,5 @@ class Learner:
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps = state["optimizer_steps"]
         self.skipped_updates = state["skipped_updates"]
+        if self.grad_scaler is not None and "grad_scaler" in state:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])

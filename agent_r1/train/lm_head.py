@@ -21,6 +21,12 @@ fp32, and the same log-softmax as the full-logits path (``agent_r1.train.learner
 analytic gradient of log p(target) and of the entropy. Results match the full path to float rounding
 (tested, fp32 and bf16).
 
+Under autocast (``model.compute_dtype``, ``agent_r1.models.precision``) the head's matrix multiplies
+run in autocast's dtype, in the forward and in the recomputing backward alike (autocast does not
+reach a custom function's backward, so the function casts explicitly); the logits are upcast to fp32
+before the log-softmax, the gathered log-prob and the entropy, and the gradients reach the weights in
+their own dtype.
+
 When the head is not a plain ``nn.Linear`` (e.g. a LoRA-wrapped head) or the model post-processes its
 logits (soft-capping, scaling: detected because the model's ``logits`` output is then not the tensor the
 hook returned), ``scored_logprobs`` returns None and the caller takes the full-logits path.
@@ -39,25 +45,34 @@ CHUNK_ELEMENTS = 2**25
 
 
 class _ChunkedHeadLogprobs(torch.autograd.Function):
-    """(hidden_KH, weight_VH, bias_V) -> log p(target) (K,) and entropy (K,), chunked over K."""
+    """(hidden_KH, weight_VH, bias_V) -> log p(target) (K,) and entropy (K,), chunked over K; the
+    head's matrix multiplies in autocast's dtype when it is on (else the weight's), the rest in fp32."""
 
     @staticmethod
     def forward(ctx, hidden_KH, weight_VH, bias_V, targets_K, temperature, with_entropy, chunk_rows):
+        device_type = hidden_KH.device.type
+        head_dtype = (
+            torch.get_autocast_dtype(device_type)
+            if torch.is_autocast_enabled(device_type)
+            else weight_VH.dtype
+        )
         K = hidden_KH.shape[0]
         logprobs_K = torch.empty(K, dtype=torch.float32, device=hidden_KH.device)
         logsumexp_K = torch.empty_like(logprobs_K)
         entropy_K = torch.empty_like(logprobs_K) if with_entropy else None
-        for start in range(0, K, chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            z_CV = _logits(hidden_KH[rows], weight_VH, bias_V, temperature)
-            lse_C = torch.logsumexp(z_CV, dim=-1)
-            logsumexp_K[rows] = lse_C
-            logprobs_K[rows] = z_CV.gather(-1, targets_K[rows, None])[:, 0] - lse_C
-            if with_entropy:
-                # H = logsumexp(z) - E_p[z]
-                entropy_K[rows] = lse_C - (torch.exp(z_CV - lse_C[:, None]) * z_CV).sum(-1)
+        cast_weight_VH, cast_bias_V = _cast(weight_VH, head_dtype), _cast(bias_V, head_dtype)
+        with torch.autocast(device_type, enabled=False):
+            for start in range(0, K, chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                z_CV = _logits(hidden_KH[rows], cast_weight_VH, cast_bias_V, temperature)
+                lse_C = torch.logsumexp(z_CV, dim=-1)
+                logsumexp_K[rows] = lse_C
+                logprobs_K[rows] = z_CV.gather(-1, targets_K[rows, None])[:, 0] - lse_C
+                if with_entropy:
+                    # H = logsumexp(z) - E_p[z]
+                    entropy_K[rows] = lse_C - (torch.exp(z_CV - lse_C[:, None]) * z_CV).sum(-1)
         ctx.save_for_backward(hidden_KH, weight_VH, bias_V, targets_K, logsumexp_K, entropy_K)
-        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        ctx.temperature, ctx.chunk_rows, ctx.head_dtype = temperature, chunk_rows, head_dtype
         if entropy_K is None:
             return logprobs_K, torch.zeros(0, device=hidden_KH.device)
         return logprobs_K, entropy_K
@@ -65,7 +80,7 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logprobs_K, grad_entropy_K):
         hidden_KH, weight_VH, bias_V, targets_K, logsumexp_K, entropy_K = ctx.saved_tensors
-        temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
+        temperature, chunk_rows, head_dtype = ctx.temperature, ctx.chunk_rows, ctx.head_dtype
         with_entropy = entropy_K is not None and grad_entropy_K is not None and grad_entropy_K.numel() > 0
         grad_hidden_KH = torch.zeros_like(hidden_KH) if ctx.needs_input_grad[0] else None
         grad_weight_VH = torch.zeros_like(weight_VH, dtype=torch.float32) if ctx.needs_input_grad[1] else None
@@ -74,28 +89,30 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
             if bias_V is not None and ctx.needs_input_grad[2]
             else None
         )
-        for start in range(0, hidden_KH.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            z_CV = _logits(hidden_KH[rows], weight_VH, bias_V, temperature)
-            p_CV = torch.exp(z_CV - logsumexp_K[rows, None])
-            # Two (rows, vocab) buffers, updated in place: p becomes the gradient, z the entropy term.
-            if with_entropy:
-                # dH / dz_j = -p_j (z_j - E_p[z]),  E_p[z] = logsumexp(z) - H
-                mean_z_C = logsumexp_K[rows] - entropy_K[rows]
-                entropy_term_CV = z_CV.sub_(mean_z_C[:, None]).mul_(p_CV).mul_(grad_entropy_K[rows, None])
-            # d log p(t) / dz = onehot(t) - p
-            grad_z_CV = p_CV.mul_(-grad_logprobs_K[rows, None])
-            grad_z_CV.scatter_add_(-1, targets_K[rows, None], grad_logprobs_K[rows, None])
-            if with_entropy:
-                grad_z_CV.sub_(entropy_term_CV)
-            # z = (h W^T + b) / T; the gradient reaches the head's output in its dtype, as in autograd
-            grad_out_CV = grad_z_CV.div_(temperature).to(weight_VH.dtype)
-            if grad_hidden_KH is not None:
-                grad_hidden_KH[rows] = grad_out_CV @ weight_VH
-            if grad_weight_VH is not None:
-                grad_weight_VH += (grad_out_CV.T @ hidden_KH[rows].to(weight_VH.dtype)).float()
-            if grad_bias_V is not None:
-                grad_bias_V += grad_out_CV.float().sum(0)
+        cast_weight_VH, cast_bias_V = _cast(weight_VH, head_dtype), _cast(bias_V, head_dtype)
+        with torch.autocast(hidden_KH.device.type, enabled=False):  # on when backward() runs under it
+            for start in range(0, hidden_KH.shape[0], chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                z_CV = _logits(hidden_KH[rows], cast_weight_VH, cast_bias_V, temperature)
+                p_CV = torch.exp(z_CV - logsumexp_K[rows, None])
+                # Two (rows, vocab) buffers, updated in place: p becomes the gradient, z the entropy term.
+                if with_entropy:
+                    # dH / dz_j = -p_j (z_j - E_p[z]),  E_p[z] = logsumexp(z) - H
+                    mean_z_C = logsumexp_K[rows] - entropy_K[rows]
+                    entropy_term_CV = z_CV.sub_(mean_z_C[:, None]).mul_(p_CV).mul_(grad_entropy_K[rows, None])
+                # d log p(t) / dz = onehot(t) - p
+                grad_z_CV = p_CV.mul_(-grad_logprobs_K[rows, None])
+                grad_z_CV.scatter_add_(-1, targets_K[rows, None], grad_logprobs_K[rows, None])
+                if with_entropy:
+                    grad_z_CV.sub_(entropy_term_CV)
+                # z = (h W^T + b) / T; the gradient reaches the head's output in its dtype, as in autograd
+                grad_out_CV = grad_z_CV.div_(temperature).to(head_dtype)
+                if grad_hidden_KH is not None:
+                    grad_hidden_KH[rows] = grad_out_CV @ cast_weight_VH
+                if grad_weight_VH is not None:
+                    grad_weight_VH += (grad_out_CV.T @ hidden_KH[rows].to(head_dtype)).float()
+                if grad_bias_V is not None:
+                    grad_bias_V += grad_out_CV.float().sum(0)
         return (
             grad_hidden_KH,
             None if grad_weight_VH is None else grad_weight_VH.to(weight_VH.dtype),
@@ -105,6 +122,11 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _cast(parameter: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """``parameter`` in ``dtype`` (itself when it is already), as autocast would cast it."""
+    return None if parameter is None else parameter.to(dtype)
 
 
 def _logits(hidden_CH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, temperature: float) -> Tensor:

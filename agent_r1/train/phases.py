@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent_r1.algos import compute_advantages, correct_tokens, kl_reward_penalty
+from agent_r1.algos import compute_advantages, correct_tokens, kl_reward_penalty, mismatch_metrics
 from agent_r1.train import critic, teacher, update
 from agent_r1.train.batch import TrainBatch
 from agent_r1.train.step_context import Phase, StepContext
@@ -28,8 +28,9 @@ def old_logprobs(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, d
 
     With one optimizer step per batch the policy has not moved since the rollout: the old log-probs
     are the update's own, detached (``PolicyObjective``), so their extra forward pass is skipped
-    unless the off-policy correction needs them first."""
-    algorithm = context.config.algorithm
+    unless the off-policy correction needs them first. Recomputed, they measure how far the sampler's
+    log-probs are from the learner's (``mismatch/*``; otherwise the update's forward does)."""
+    algorithm, mismatch = context.config.algorithm, {}
     if algorithm.old_logprobs == "sampler":
         batch = batch.with_tokens(old_logprobs=batch.tokens.sampler_logprobs)
     elif (
@@ -39,8 +40,13 @@ def old_logprobs(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, d
         batch = batch.with_tokens(
             old_logprobs=context.learner.logprobs(batch.all_micro_batches, batch.num_tokens)
         )
+        tokens = batch.tokens
+        mismatch = {
+            k: float(v)
+            for k, v in mismatch_metrics(tokens.old_logprobs, tokens.sampler_logprobs, tokens.mask).items()
+        }
     tokens, metrics = correct_tokens(batch.tokens, algorithm.off_policy)
-    return replace(batch, tokens=tokens), metrics
+    return replace(batch, tokens=tokens), {**metrics, **mismatch}
 
 
 def reference(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:

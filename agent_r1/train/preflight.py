@@ -101,8 +101,10 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
         check_attention,
         check_engine_kwargs,
         check_env,
+        compute_dtype,
         load_config_tokenizer,
         resolve_device,
+        sampler_dtype,
     )
     from agent_r1.train.policies import check_adapters, check_own_models, what_loads
 
@@ -110,6 +112,10 @@ def preflight(config: TrainConfig, *, splits: tuple[str, ...] = ("data.train", "
     ok, device = found.run(resolve_device, config)
     if ok:
         found.report.append(f"device: {device}")
+        _, why = compute_dtype(config, device)
+        found.report.append(f"model.compute_dtype {config.model.compute_dtype!r}: {why}")
+        _, why = sampler_dtype(config, device)
+        found.report.append(f"rollout.compute_dtype {config.rollout.compute_dtype!r}: {why}")
     found.run(check_attention, config)
     ok, line = found.run(check_engine_kwargs, config)
     if ok:

@@ -86,9 +86,12 @@ def ppo_update(
                     )
                 )
     keys = dict.fromkeys(key for h in history for key in h)
-    # time/* (the learner's forward, backward and optimizer seconds, policy and critic) add up
+    # time/* (the learner's forward, backward and optimizer seconds, policy and critic) add up; a
+    # maximum (*_max) stays one
     metrics = {
-        key: (sum if key.startswith("time/") else _mean)([h[key] for h in history if key in h])
+        key: (sum if key.startswith("time/") else max if key.endswith("_max") else _mean)(
+            [h[key] for h in history if key in h]
+        )
         for key in keys
     }
     metrics["update/skipped"] = sum(h["update/skipped"] for h in history if "update/skipped" in h)

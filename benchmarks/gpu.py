@@ -1,28 +1,37 @@
 """The one-GPU check: learner throughput and MFU, engine decode, vLLM weight sync and sleep, and full
-colocated train steps, on one CUDA device; sized to finish in under 8 minutes on an H200.
+colocated train steps, on one CUDA device, at each compute type of ``--dtypes``; all of it within
+``--budget-s`` (8 minutes by default: a lent GPU has 15 in all, its start included), what does not
+fit a skipped row.
 
-Sections, each in a fresh process of its own (so that one section's memory, crash or hang cannot
-reach the next; each gets a time limit inside ``--budget-s``):
+Sections, each at each type in a fresh process of its own (so that one section's memory, crash or
+hang cannot reach the next; each gets a time limit inside ``--budget-s``):
 
   hf          a Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate
-              4864, vocab 151,936, tied embeddings; random init, bf16): the learner's log-prob forward
-              + backward (``micro_batch_logprobs`` with entropy) on one packed micro-batch of 8k and of
-              32k tokens, tokens/s, MFU and peak memory, under SDPA and flash-attention; then
-              ``HFEngine`` decode tokens/s at batch 256 on the same model;
-  vllm        the same model in ``VLLMEngine`` (sleep mode on): start-up, decode tokens/s at batch 256,
-              seconds to push a new set of weights (``update_weights``), memory freed by ``sleep``,
-              seconds to ``wake``;
+              4864, vocab 151,936, tied embeddings; random init, fp32 parameters): the learner's
+              log-prob forward + backward (``micro_batch_logprobs`` with entropy, the forward under
+              the learner's autocast at a narrower type) on one packed micro-batch of 8k and of 32k tokens,
+              tokens/s, MFU and peak memory, under SDPA and flash-attention (fp16 / bf16 only); then
+              ``HFEngine`` decode tokens/s at batch 256 on the same model (``compute_dtype``: the type);
+  vllm        the same model in ``VLLMEngine`` at the type (vLLM's own ``dtype``; sleep mode on):
+              start-up, decode tokens/s at batch 256, seconds to push a new set of fp32 weights
+              (``update_weights``), memory freed by ``sleep``, seconds to ``wake``;
   train-hf    full ``Trainer.train_step`` calls on one device: the 0.5B body with the byte-level tiny
   train-vllm  tokenizer's vocabulary (the tokenizer must match the model), the arithmetic task's real
   train-async ``ToolEnv``, GRPO; the HF engine sharing the learner's model, then vLLM colocated with
               the learner and asleep during each update, then ``trainer.mode: async`` (the HF engine
               on its own copy samples step k+1 on a rollout thread while step k trains, partial
-              rollouts). Step 1 warms up; the last step is reported.
+              rollouts); ``model.dtype`` float32, ``model.compute_dtype`` (the learner's) and
+              ``rollout.compute_dtype`` (the sampler's) the type. Step 1 warms up; the last step is
+              reported.
+
+Types (``--dtypes``, comma-separated): float32, bfloat16, float16; default float32,bfloat16 on CUDA
+(float32 on the CPU). Parameters stay fp32 at every type; each measurement's row names its type.
 
 MFU = model FLOPs / seconds / peak: 6 x N x tokens for the N non-embedding parameters every token
 passes through, plus 6 x hidden x vocab per scored token for the LM head (which the learner runs at
 the scored positions only); attention's own FLOPs are not counted, as in the 6·N rule. The peak is
-``--peak-tflops`` or looked up from the device name (dense bf16; '-' where unknown and on the CPU).
+``--peak-tflops`` or looked up from the device name (dense bf16; '-' where unknown and on the CPU),
+the same for every type: an fp32 row, off the bf16 tensor cores, cannot come near it.
 
 Prints ``machine: ...``, each measurement as a JSON object (lines starting ``RESULT ``; also written
 to ``--out FILE.jsonl``), then one markdown table. A measurement that cannot run here (no CUDA, no
@@ -30,6 +39,7 @@ vllm, no flash-attn, no time left) is a ``skipped`` row naming why; a section th
 ``failed`` row with its error, and the script then exits 1 (after printing everything else).
 
     python benchmarks/gpu.py                          # one CUDA device (benchmarks/README.md)
+    python benchmarks/gpu.py --dtypes bfloat16        # one type only, half the time
     python benchmarks/gpu.py --device cpu --quick     # tiny shapes on the CPU, seconds (run by the tests)
 """
 
@@ -39,6 +49,7 @@ import argparse
 import asyncio
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -50,7 +61,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -91,6 +102,7 @@ SECTIONS = (
     ("train-async", "train step (hf, async)", 120),
 )
 GIB = 2**30
+SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # --dtypes, as the table names them
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,7 @@ class Measurement:
     status: str = "ok"
     reason: str = ""
     details: dict = field(default_factory=dict)
+    dtype: str = ""  # the compute type it was measured at (--dtypes)
 
 
 def emit(measurement: Measurement) -> None:
@@ -178,16 +191,19 @@ def vllm_problem(args) -> str | None:
     return None
 
 
-def flash_attn_problem(device: torch.device) -> str | None:
+def flash_attn_problem(device: torch.device, dtype: torch.dtype) -> str | None:
     if device.type != "cuda":
         return "needs a CUDA device"
     if not installed("flash_attn"):
         return "the flash_attn package is not installed"
+    if dtype == torch.float32:
+        return "flash-attn runs in fp16 / bf16 only"
     return None
 
 
-def dtype_of(args) -> torch.dtype:
-    return torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+def default_dtypes(device: str) -> str:
+    """Both types on CUDA; fp32 alone on the CPU (its smoke run), whose tiny shapes pack no layer."""
+    return "float32" if device == "cpu" else "float32,bfloat16"
 
 
 def model_shape(args) -> dict:
@@ -246,8 +262,13 @@ def fixed_trajectories(num: int, seq_len: int, vocab: int, seed: int):
     return trajectories
 
 
-def learner_rows(model, args, attention: str, peak: float | None) -> Iterator[Measurement]:
-    """Forward + backward of one packed micro-batch per token budget (the learner's update pass)."""
+def learner_rows(
+    model, args, attention: str, peak: float | None, dtype: torch.dtype
+) -> Iterator[Measurement]:
+    """Forward + backward of one packed micro-batch per token budget (the learner's update pass), the
+    forward under the learner's autocast in ``dtype`` (``agent_r1.models.precision.autocast``: where
+    it is narrower than the fp32 parameters; float16 without the learner's loss scaler)."""
+    from agent_r1.models.precision import autocast
     from agent_r1.train.batch import batch_of
     from agent_r1.train.learner import micro_batch_logprobs
 
@@ -261,7 +282,8 @@ def learner_rows(model, args, attention: str, peak: float | None) -> Iterator[Me
         scored = int(mb.target_ids_K.numel())
 
         def forward_backward(mb=mb) -> None:
-            logprobs_K, entropy_K = micro_batch_logprobs(model, mb, 1.0, with_entropy=True)
+            with autocast(model, dtype):
+                logprobs_K, entropy_K = micro_batch_logprobs(model, mb, 1.0, with_entropy=True)
             (-logprobs_K.sum() - 0.01 * entropy_K.sum()).backward()
             model.zero_grad(set_to_none=True)
 
@@ -287,15 +309,17 @@ def learner_rows(model, args, attention: str, peak: float | None) -> Iterator[Me
         )
 
 
-def hf_decode_row(model, args) -> Measurement:
-    """``HFEngine``: ``--decode-batch`` concurrent requests of ``--prompt-len`` random tokens, each
-    sampling exactly ``--new-tokens`` (end of sequence ignored); prefill included in the time."""
+def hf_decode_row(model, args, dtype: torch.dtype) -> Measurement:
+    """``HFEngine`` at ``compute_dtype`` ``dtype``: ``--decode-batch`` concurrent requests of
+    ``--prompt-len`` random tokens, each sampling exactly ``--new-tokens`` (end of sequence ignored);
+    prefill included in the time."""
     from agent_r1.rollout.hf import HFEngine
 
     device = next(model.parameters()).device
     vocab = model.get_input_embeddings().num_embeddings
     prompts = random_prompts(args.decode_batch, args.prompt_len, vocab, seed=0)
-    engine = HFEngine(model, max_batch_size=args.decode_batch, eos_token_ids=())
+    engine = HFEngine(model, max_batch_size=args.decode_batch, eos_token_ids=(), compute_dtype=dtype)
+    computes_in = str(engine.compute_dtype).removeprefix("torch.")
     try:
         run_requests(engine, random_prompts(4, args.prompt_len, vocab, seed=1), 4)  # warm-up
         reset_peak(device)
@@ -311,8 +335,11 @@ def hf_decode_row(model, args) -> Measurement:
         tokens / seconds,
         "tokens/s",
         peak_gib=peak_gib(device),
-        note=f"prompt {args.prompt_len}, {args.new_tokens} new tokens each, prefill included",
-        details={"tokens": tokens, "seconds": seconds},
+        note=(
+            f"prompt {args.prompt_len}, {args.new_tokens} new tokens each, prefill included; "
+            f"computes in {computes_in}"
+        ),
+        details={"tokens": tokens, "seconds": seconds, "compute_dtype": computes_in},
     )
 
 
@@ -346,14 +373,14 @@ async def _gather(engine, prompts: list[list[int]], params):
     return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
 
 
-def section_hf(args) -> Iterator[Measurement]:
-    device = torch.device(args.device)
+def section_hf(args, dtype: str) -> Iterator[Measurement]:
+    device, compute = torch.device(args.device), getattr(torch, dtype)
     vocab = len(tiny_tokenizer()) if args.quick else QWEN25_VOCAB
     peak, _ = peak_tflops(args)
-    model = build_model(model_shape(args), vocab, dtype_of(args), device, seed=0)
-    yield from learner_rows(model, args, "sdpa", peak)
-    yield hf_decode_row(model, args)
-    problem = flash_attn_problem(device)
+    model = build_model(model_shape(args), vocab, torch.float32, device, seed=0)
+    yield from learner_rows(model, args, "sdpa", peak, compute)
+    yield hf_decode_row(model, args, compute)
+    problem = flash_attn_problem(device, compute)
     if problem is not None:
         for budget in args.micro_batch_tokens:
             yield Measurement(
@@ -361,7 +388,7 @@ def section_hf(args) -> Iterator[Measurement]:
             )
         return
     model.set_attn_implementation("flash_attention_2")
-    yield from learner_rows(model, args, "flash-attn", peak)
+    yield from learner_rows(model, args, "flash-attn", peak, compute)
 
 
 def tiny_tokenizer():
@@ -373,19 +400,21 @@ def tiny_tokenizer():
 # ------------------------------------------------------------------ section vllm
 
 
-def section_vllm(args) -> Iterator[Measurement]:
+def section_vllm(args, dtype: str) -> Iterator[Measurement]:
     with tempfile.TemporaryDirectory() as tmp:  # the model folder outlives the engine
-        yield from vllm_rows(Path(tmp), args)
+        yield from vllm_rows(Path(tmp), args, dtype)
 
 
-def vllm_rows(folder: Path, args) -> Iterator[Measurement]:
+def vllm_rows(folder: Path, args, dtype: str) -> Iterator[Measurement]:
+    """vLLM at ``dtype`` (its own ``dtype``) over an fp32 checkpoint, pushed fp32 weights as a learner
+    with fp32 parameters would push them."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from agent_r1.rollout.vllm_engine import VLLMEngine
     from agent_r1.train.backends import export_weights
 
     device = torch.device(args.device)
     shape = model_shape(args)
-    model = build_model(shape, QWEN25_VOCAB, dtype_of(args), device, seed=0)
+    model = build_model(shape, QWEN25_VOCAB, torch.float32, device, seed=0)
     params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(folder)
     del model
@@ -396,7 +425,7 @@ def vllm_rows(folder: Path, args) -> Iterator[Measurement]:
     engine = VLLMEngine(
         str(folder),
         ignore_eos=True,
-        dtype=args.dtype,
+        dtype=dtype,
         gpu_memory_utilization=args.vllm_memory,
         enable_sleep_mode=True,
         skip_tokenizer_init=True,
@@ -420,7 +449,7 @@ def vllm_rows(folder: Path, args) -> Iterator[Measurement]:
         note=f"prompt {args.prompt_len}, {args.new_tokens} new tokens each, prefill included",
         details={"tokens": tokens, "seconds": seconds},
     )
-    trained = build_model(shape, QWEN25_VOCAB, dtype_of(args), device, seed=1)  # "new weights"
+    trained = build_model(shape, QWEN25_VOCAB, torch.float32, device, seed=1)  # "new weights"
     weights = export_weights(trained)
     before = greedy_logprobs(engine, prompts[0])
     synchronize(device)
@@ -464,7 +493,7 @@ def vllm_rows(folder: Path, args) -> Iterator[Measurement]:
 # ------------------------------------------------------------------ sections train-hf, train-vllm
 
 
-def train_config(args, model_path: Path, run_dir: Path, engine: str, mode: str = "sync"):
+def train_config(args, model_path: Path, run_dir: Path, engine: str, dtype: str, mode: str = "sync"):
     from agent_r1.train.config import config_from_dict
 
     quick = args.quick
@@ -474,6 +503,7 @@ def train_config(args, model_path: Path, run_dir: Path, engine: str, mode: str =
         "max_steps": 2 if quick else 4,
         "max_batch_size": 256,
         "engine": engine,
+        "compute_dtype": dtype,  # the sampler's type, the learner's too (model.compute_dtype)
     }
     if engine == "vllm":
         rollout["engine_kwargs"] = {"gpu_memory_utilization": args.vllm_memory, "enable_sleep_mode": True}
@@ -481,7 +511,12 @@ def train_config(args, model_path: Path, run_dir: Path, engine: str, mode: str =
         rollout["share_model"] = False
     return config_from_dict(
         {
-            "model": {"path": str(model_path), "dtype": args.dtype, "device": args.device},
+            "model": {
+                "path": str(model_path),
+                "dtype": "float32",
+                "compute_dtype": dtype,
+                "device": args.device,
+            },
             "env": {"name": "agent_r1.tasks.prepare:task_env", "kwargs": {"task": "arithmetic"}},
             "rollout": rollout,
             "trainer": {
@@ -498,7 +533,7 @@ def train_config(args, model_path: Path, run_dir: Path, engine: str, mode: str =
     )
 
 
-def section_train(args, engine: str, mode: str = "sync") -> Iterator[Measurement]:
+def section_train(args, dtype: str, engine: str, mode: str = "sync") -> Iterator[Measurement]:
     if engine == "vllm":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from agent_r1.models.tiny import save_tiny_checkpoint
@@ -514,7 +549,7 @@ def section_train(args, engine: str, mode: str = "sync") -> Iterator[Measurement
         model_path = save_tiny_checkpoint(
             Path(tmp) / "model", max_position_embeddings=4096, **model_shape(args)
         )
-        config = train_config(args, model_path, Path(tmp) / "run", engine, mode)
+        config = train_config(args, model_path, Path(tmp) / "run", engine, dtype, mode)
         cfg = config.trainer
         trainer = Trainer(config, train_tasks=make_dataset(cfg.tasks_per_step * cfg.steps))
         try:
@@ -555,25 +590,26 @@ def section_train(args, engine: str, mode: str = "sync") -> Iterator[Measurement
     )
 
 
-def run_section(name: str, args) -> None:
-    """In the child process: run one section, one RESULT line per measurement."""
+def run_section(name: str, args, dtype: str) -> None:
+    """In the child process: run one section at ``dtype``, one RESULT line per measurement."""
     sections = {
         "hf": section_hf,
         "vllm": section_vllm,
-        "train-hf": lambda a: section_train(a, "hf"),
-        "train-vllm": lambda a: section_train(a, "vllm"),
-        "train-async": lambda a: section_train(a, "hf", "async"),
+        "train-hf": lambda a, t: section_train(a, t, "hf"),
+        "train-vllm": lambda a, t: section_train(a, t, "vllm"),
+        "train-async": lambda a, t: section_train(a, t, "hf", "async"),
     }
-    for measurement in sections[name](args):
-        emit(measurement)
+    for measurement in sections[name](args, dtype):
+        emit(replace(measurement, dtype=dtype))
 
 
 # ------------------------------------------------------------------ the parent: sections, table
 
 
-def run_child(name: str, title: str, timeout: float) -> tuple[list[Measurement], str | None]:
-    """Run section ``name`` in a fresh process; returns its measurements and why it failed (or None)."""
-    argv = [*sys.argv[1:], "--section", name]
+def run_child(name: str, title: str, dtype: str, timeout: float) -> tuple[list[Measurement], str | None]:
+    """Run section ``name`` at ``dtype`` in a fresh process; returns its measurements and why it
+    failed (or None)."""
+    argv = [*sys.argv[1:], "--section", name, "--dtypes", dtype]  # (the last --dtypes wins)
     proc = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), *argv],
         stdout=subprocess.PIPE,
@@ -596,7 +632,7 @@ def run_child(name: str, title: str, timeout: float) -> tuple[list[Measurement],
     if failure is not None:
         tail = [line for line in stderr.strip().splitlines() if line.strip()][-1:] or ["(no stderr)"]
         failure = f"{failure}: {tail[0][:200]}"
-        print(f"--- {title} ({name}) failed; its stderr ends:\n{stderr[-4000:]}", file=sys.stderr)
+        print(f"--- {title} ({name}, {dtype}) failed; its stderr ends:\n{stderr[-4000:]}", file=sys.stderr)
     return measurements, failure
 
 
@@ -606,8 +642,9 @@ def cell(value: float | None, digits: int) -> str:
 
 def print_table(measurements: list[Measurement]) -> None:
     width = max(len(m.label) for m in measurements)
-    print(f"| {'measurement':<{width}} | {'value':>10} | {'unit':<8} | {'MFU':>6} | {'peak GiB':>8} | note |")
-    print(f"|{'-' * (width + 2)}|{'-' * 12}|{'-' * 10}|{'-' * 8}|{'-' * 10}|------|")
+    columns = f"type | {'value':>10} | {'unit':<8} | {'MFU':>6} | {'peak GiB':>8} | note"
+    print(f"| {'measurement':<{width}} | {columns} |")
+    print(f"|{'-' * (width + 2)}|------|{'-' * 12}|{'-' * 10}|{'-' * 8}|{'-' * 10}|------|")
     for m in measurements:
         if m.status == "ok":
             value = cell(m.value, 1 if m.unit == "tokens/s" else 3)
@@ -616,8 +653,8 @@ def print_table(measurements: list[Measurement]) -> None:
         else:
             value, mfu, note = m.status, "-", m.reason
         print(
-            f"| {m.label:<{width}} | {value:>10} | {m.unit or '-':<8} | {mfu:>6} | "
-            f"{cell(m.peak_gib, 1):>8} | {note} |"
+            f"| {m.label:<{width}} | {SHORT_NAMES.get(m.dtype, '-'):<4} | {value:>10} | {m.unit or '-':<8} | "
+            f"{mfu:>6} | {cell(m.peak_gib, 1):>8} | {note} |"
         )
 
 
@@ -638,7 +675,11 @@ def main() -> None:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: bfloat16 (float32 on cpu)")
+    parser.add_argument(
+        "--dtypes",
+        help="compute types, comma-separated: float32, bfloat16, float16 (default: float32,bfloat16; "
+        "float32 on cpu)",
+    )
     parser.add_argument("--micro-batch-tokens", type=int, nargs="+", default=[8192, 32_768])
     parser.add_argument("--seq-len", type=int, default=2048, help="tokens of each packed sequence")
     parser.add_argument("--repeats", type=int, default=3, help="timed learner passes after a warm-up")
@@ -653,7 +694,9 @@ def main() -> None:
         "--peak-tflops", type=float, help="dense bf16 peak for MFU (default: from the device name)"
     )
     parser.add_argument(
-        "--budget-s", type=float, default=450.0, help="wall-clock limit of all sections together"
+        "--budget-s",
+        type=float,
+        help="wall-clock limit of all sections and types together (default 480 s: a lent GPU has 15 minutes in all)",
     )
     parser.add_argument("--out", help="also write the JSON objects here, one a line")
     parser.add_argument(
@@ -664,14 +707,19 @@ def main() -> None:
     problem = device_problem(args.device)
     if problem:
         parser.error(f"--device {args.device}: {problem}")
-    args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    args.dtypes = list(dict.fromkeys((args.dtypes or default_dtypes(args.device)).split(",")))
+    unknown = [dtype for dtype in args.dtypes if dtype not in SHORT_NAMES]
+    if unknown:
+        parser.error(f"--dtypes {','.join(unknown)}: each must be one of {', '.join(SHORT_NAMES)}")
+    args.budget_s = args.budget_s or 480.0
     if args.quick:
         args.micro_batch_tokens, args.seq_len, args.repeats = [512, 1024], 256, 1
         args.decode_batch, args.prompt_len, args.new_tokens, args.train_steps = 8, 16, 8, 1
     if any(budget % args.seq_len for budget in args.micro_batch_tokens):
         parser.error(f"--micro-batch-tokens must be multiples of --seq-len {args.seq_len}")
     if args.section:
-        run_section(args.section, args)
+        (dtype,) = args.dtypes  # the parent passes one
+        run_section(args.section, args, dtype)
         return
 
     print(machine_line(args), flush=True)
@@ -680,24 +728,26 @@ def main() -> None:
     print(
         f"model: Qwen2 hidden {shape['hidden_size']}, {shape['num_layers']} layers, {shape['num_heads']} heads "
         f"({shape['num_kv_heads']} KV), intermediate {shape['intermediate_size']}, tied embeddings, random "
-        f"init, {args.dtype}; vocab {'the tiny tokenizer' if args.quick else QWEN25_VOCAB} (train steps: the "
-        f"tiny tokenizer's); peak for MFU: {cell(peak, 0)} TFLOP/s ({source})",
+        f"init, fp32 parameters computing in {', '.join(args.dtypes)}; vocab "
+        f"{'the tiny tokenizer' if args.quick else QWEN25_VOCAB} (train steps: the tiny tokenizer's); "
+        f"peak for MFU: {cell(peak, 0)} TFLOP/s ({source})",
         flush=True,
     )
     skip_vllm = vllm_problem(args)
     deadline = time.monotonic() + args.budget_s
     measurements: list[Measurement] = []
     failed = False
-    for name, title, limit in SECTIONS:
+    for (name, title, limit), dtype in itertools.product(SECTIONS, args.dtypes):
         left = deadline - time.monotonic()
         if name in ("vllm", "train-vllm") and skip_vllm:
-            found, failure = [Measurement(title, status="skipped", reason=skip_vllm)], None
+            found, failure = [Measurement(title, dtype=dtype, status="skipped", reason=skip_vllm)], None
         elif left < 30:
-            found, failure = [Measurement(title, status="skipped", reason="no time left in --budget-s")], None
+            found = [Measurement(title, dtype=dtype, status="skipped", reason="no time left in --budget-s")]
+            failure = None
         else:
-            found, failure = run_child(name, title, min(limit, left))
+            found, failure = run_child(name, title, dtype, min(limit, left))
         if failure is not None:
-            found.append(Measurement(title, status="failed", reason=failure))
+            found.append(Measurement(title, dtype=dtype, status="failed", reason=failure))
             failed = True
         measurements += found
         lines = [json.dumps(asdict(m)) for m in found]

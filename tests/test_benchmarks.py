@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from agent_r1.rollout import packed_linear
 
@@ -76,49 +77,74 @@ def test_logprob_memory_quick():
 
 
 def test_rollout_quick(tmp_path):
-    """benchmarks/rollout.py at smoke sizes without vLLM: the machine's limits printed first, then the
-    HF engine (with packed linears, and without: ``--unpacked``) at each batch size with its fractions
-    of the compute and memory bounds, also as JSON."""
+    """benchmarks/rollout.py at smoke sizes without vLLM: the CPU's model and flags and the machine's
+    limits printed first, then the HF engine at fp32 and bf16 (with packed linears, and without:
+    ``--unpacked``) at each batch size with its fractions of the compute and memory bounds and its
+    speed against the fp32 engine, also as JSON. The tiny model packs no layer, so its bf16 engine
+    computes in fp32, and says so; on a CPU without oneDNN's bf16 kernel it is refused, saying why."""
+    bf16 = packed_linear.narrow_type_available(torch.bfloat16)
     out = run_script(
-        "rollout.py", "--quick", "--no-vllm", "--naive", "--unpacked", "--json", str(tmp_path / "r.json")
+        "rollout.py",
+        "--quick",
+        "--no-vllm",
+        "--naive",
+        "--unpacked",
+        "--dtypes",
+        "float32,bfloat16",
+        "--json",
+        str(tmp_path / "r.json"),
     )
     lines = out.splitlines()
-    assert lines[1].startswith("compute peak: ") and lines[2].startswith("memory bandwidth: "), out
+    assert lines[1].startswith("cpu: ") and "avx512_bf16 " in lines[1], out
+    assert lines[2].startswith("compute peak: ") and lines[3].startswith("memory bandwidth: "), out
+    assert lines[4].startswith("bf16 peak: "), out
     header = table_row(out, "batch")
     assert header[1:] == [
         "engine",
+        "computes in",
         "tokens",
         "seconds",
         "tokens/s",
         "% compute bound",
         "% memory bound",
         "% linear ceiling",
+        "vs HF fp32",
         "vs vLLM",
     ], header
     report = json.loads((tmp_path / "r.json").read_text())
+    assert set(report["cpu"]) == {"model", "avx512_bf16", "amx_bf16", "amx_tile", "avx512fp16"}
     (model,) = report["models"]
-    assert model["model"] == "tiny" and model["vllm"] == "skipped (--no-vllm)"
+    assert model["model"] == "tiny"
+    assert set(model["refused"]) == (set() if bf16 else {"HFEngine bf16"}), model["refused"]
+    assert model["vllm"] == {"float32": "skipped (--no-vllm)", "bfloat16": "skipped (--no-vllm)"}
     rows = {(r["batch"], r["engine"]): r for r in model["rows"]}
-    engines = ("HFEngine", "HFEngine, F.linear", "naive generate")
+    engines = ("HFEngine fp32", "HFEngine, F.linear fp32", "naive generate fp32")
+    engines += ("HFEngine bf16",) if bf16 else ()
     assert set(rows) == {(b, e) for b in (4, 8) for e in engines}
-    for (batch, _), row in rows.items():
+    for (batch, engine), row in rows.items():
         assert row["tokens"] == batch * 2 * 8  # trajectories x turns x new tokens, every engine
         assert row["compute_fraction"] > 0 and row["memory_fraction"] > 0 and row["vs_vllm"] is None
-        assert row["linear_ceiling_fraction"] > 0
+        assert row["linear_ceiling_fraction"] > 0 and row["vs_hf_fp32"] > 0
+        assert row["dtype"] == ("bfloat16" if engine.endswith("bf16") else "float32"), row
+        assert row["compute_dtype"] == "float32"  # every weight is under 2^18 elements: none packed
+    assert all(rows[b, "HFEngine fp32"]["vs_hf_fp32"] == 1.0 for b in (4, 8))
     cells = [
         line.strip("|").split("|") for line in lines if line.startswith("| 4 ") or line.startswith("| 8 ")
     ]
-    assert len(cells) == 6 and all(is_number(c.strip()) for row in cells for c in row[2:8]), cells
+    assert len(cells) == 2 * len(engines), cells
+    assert all(is_number(c.strip()) for row in cells for c in row[3:10]), cells
+    assert all(row[2].strip() == "fp32" for row in cells), cells
     assert report["limits"]["peak"] == max(report["limits"]["mm"], report["limits"]["packed"] or 0)
     # The HF engine's own account of each timed rollout: where its seconds went, how many steps.
     for batch in (4, 8):
-        for engine in ("HFEngine", "HFEngine, F.linear"):
-            phases = model["hf_phases"][str(batch)][engine]
+        for engine in (e for e in engines if e.startswith("HFEngine")):
+            phases = rows[batch, engine]["phases"]
             # Each turn's first token comes from its prefill: at least 7 decode steps per turn (more if
             # the batch's rows did not all join at once), each within the timed rollout's seconds.
             assert phases["decode_steps"] >= 2 * 7, phases
             assert 0 < phases["prefill_seconds"] + phases["decode_seconds"] <= rows[batch, engine]["seconds"]
             assert f"{engine} at batch {batch}: prefill " in out, out
+        assert rows[batch, "naive generate fp32"]["phases"] is None
 
 
 @pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN linear")
@@ -346,22 +372,28 @@ def test_async_latency_judge_smollm_quick(tmp_path):
 
 
 def test_learner_flops_quick():
-    """benchmarks/learner_flops.py at smoke sizes on the quickstart model: the peak and both learner
-    rows have numbers, each a fraction of the peak, and the update names where its seconds went."""
-    out = run_script("learner_flops.py", "--quick", "--models", "quickstart")
-    peak = table_row(out, "matrix-multiply peak")
-    assert is_number(peak[1].split(" ")[0]) and float(peak[1].split(" ")[0]) > 0, peak
+    """benchmarks/learner_flops.py at smoke sizes on the quickstart model, fp32 and bf16 compute side
+    by side: the CPU's model and flags, the peaks and the learner rows have numbers, each a fraction
+    of its peak, bf16's against fp32's speed, and the update names where its seconds went."""
+    out = run_script("learner_flops.py", "--quick", "--models", "quickstart", "--dtypes", "float32,bfloat16")
+    assert re.search(r"^cpu: .+; 16-bit flags: ", out, re.MULTILINE), out
+    for label in ("matrix-multiply peak", "matrix-multiply peak, bfloat16"):  # fp32's is the first
+        peak = table_row(out, label)
+        assert is_number(peak[1].split(" ")[0]) and float(peak[1].split(" ")[0]) > 0, peak
     for label in ("quickstart: bare forward + backward", "quickstart: learner update"):
         row = table_row(out, label)
         assert is_number(row[1].split(" ")[0]) and re.match(r"\d+% of peak", row[2]), row
+        bf16 = table_row(out, label.replace("quickstart:", "quickstart, bfloat16 compute:"))
+        assert re.match(r"\d+% of peak; [\d.]+x float32's speed", bf16[2]), bf16
     assert re.search(
         r"forward [\d.]+, backward [\d.]+, optimizer [\d.]+", table_row(out, "quickstart: learner update")[2]
     )
 
 
 def test_gpu_quick_on_cpu(tmp_path):
-    """benchmarks/gpu.py's CPU smoke run: every measurement that a CPU can take has a number (MFU
-    '-': no peak to divide by), and the rest are skipped rows naming why; nothing failed."""
+    """benchmarks/gpu.py's CPU smoke run (fp32 alone, the CPU's default type): every measurement that a
+    CPU can take has a number (MFU '-': no peak to divide by), and the rest are skipped rows naming
+    why; nothing failed."""
     jsonl = tmp_path / "gpu.jsonl"
     out = run_script("gpu.py", "--device", "cpu", "--quick", "--out", str(jsonl))
     for label in (
@@ -376,12 +408,13 @@ def test_gpu_quick_on_cpu(tmp_path):
         "train step (hf, async): update",
     ):
         row = table_row(out, label)
-        assert is_number(row[1]) and float(row[1]) > 0 and row[3] == "-", row
+        assert row[1] == "fp32" and is_number(row[2]) and float(row[2]) > 0 and row[4] == "-", row
     for label in ("learner flash-attn, 512", "vLLM engine", "train step (vllm, sleep mode)"):
         row = table_row(out, label)
-        assert row[1] == "skipped" and "CUDA device" in row[5], row
+        assert row[2] == "skipped" and "CUDA device" in row[6], row
     measurements = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert {m["status"] for m in measurements} == {"ok", "skipped"}, measurements
+    assert {m["dtype"] for m in measurements} == {"float32"}, measurements
     assert out.count("\nRESULT ") == len(measurements)  # each also printed as it was measured
     learner = next(m for m in measurements if m["label"].startswith("learner sdpa, 512"))
     assert learner["details"]["tokens"] == 512 and learner["details"]["scored"] == 192  # 2 rows x 256
@@ -512,3 +545,14 @@ def test_multi_agent_selfplay_quick():
     assert per_row["arm"] == "per_row" and both["arm"] == "both_seats"
     assert both["games"] <= both["trajectories"] and per_row["games"] >= per_row["trajectories"]
     assert "win vs scripted" in out
+
+
+def test_precision_quick():
+    """benchmarks/precision.py at smoke sizes (the tiny model, one step per pair): a row per
+    sampler/learner pair, the machine line with the CPU flags first. The tiny model's groups all fail, so no step measures
+    the mismatch (nan): the real figures come from SmolLM2 (benchmarks/HISTORY.md)."""
+    pytest.importorskip("reasoning_gym")
+    out = run_script("precision.py", "--quick")
+    assert "machine: " in out and "flags" in out
+    for pair in ("fp32 / fp32", "bf16 / fp32", "bf16 / bf16", "fp32 / bf16"):
+        assert f"| {pair} |" in out, out

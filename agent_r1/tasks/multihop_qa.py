@@ -30,6 +30,7 @@ from typing import Any
 
 from agent_r1.tasks import TaskSpec
 from agent_r1.tools.search import BM25Retriever, Passage, load_corpus, search_tool
+from agent_r1.tools.search_r1 import SearchR1Retriever
 
 __all__ = [
     "SAMPLE_CORPUS",
@@ -217,22 +218,28 @@ def build_task(
     reward: str = "exact_match",
     top_k: int = 3,
     max_turns: int = 6,
+    retriever_url: str | None = None,
 ) -> TaskSpec:
-    """Multi-hop QA over a HotpotQA-format file with BM25 search.
+    """Multi-hop QA over a HotpotQA-format file with BM25 search, or a Search-R1 retrieval server.
 
     ``corpus``: a JSONL/parquet passage file; default: the built-in sample corpus for the shipped
     sample, else the ``context`` paragraphs of ``path`` (and ``test_path``). ``reward``:
     ``"exact_match"`` or ``"f1"``. The index is built once per process and shared by all environments.
+    ``retriever_url``: search a Search-R1 ``retrieval_server.py`` there instead (``SearchR1Retriever``;
+    the server's base URL or its ``/retrieve`` endpoint), e.g. an E5 / FAISS index; no corpus is loaded.
     """
     if reward not in REWARDS:
         raise ValueError(f"multihop_qa reward {reward!r} is unknown; choose from {', '.join(REWARDS)}")
+    if retriever_url is not None and corpus is not None:
+        raise ValueError(f"multihop_qa: give corpus ({corpus}) or retriever_url ({retriever_url}), not both")
+    remote = None if retriever_url is None else SearchR1Retriever(retriever_url)
     if corpus is None and Path(path) == SAMPLE_PATH:
         corpus = SAMPLE_CORPUS
     sources = tuple(str(p) for p in (path, test_path) if p is not None)
     corpus_key = None if corpus is None else str(corpus)
 
     def tools() -> list[Any]:
-        return [search_tool(_retriever(corpus_key, sources), k=top_k)]
+        return [search_tool(remote or _retriever(corpus_key, sources), k=top_k)]
 
     return TaskSpec(
         name="multihop_qa",

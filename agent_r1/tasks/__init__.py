@@ -54,6 +54,7 @@ TASKS: dict[str, str] = {
     "gsm_symbolic": "agent_r1.tasks.reasoning_gym:gsm_symbolic",
     "basic_arithmetic": "agent_r1.tasks.reasoning_gym:basic_arithmetic",
     "multihop_qa": "agent_r1.tasks.multihop_qa:build_task",
+    "multihop_world": "agent_r1.tasks.multihop_world:build_task",
     "code": "agent_r1.tasks.code:build_task",
 }
 

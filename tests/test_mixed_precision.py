@@ -174,9 +174,13 @@ def test_the_critic_computes_under_autocast_with_an_fp32_value_head():
 @pytest.mark.parametrize(
     ("flags", "expected", "why"),
     [
-        (("avx512_bf16", "amx_bf16", "amx_tile"), torch.bfloat16, "bfloat16: this CPU has AMX (amx_bf16)"),
-        (("avx512_bf16",), torch.float32, "float32: this CPU has no AMX (amx_bf16)"),
-        ((), torch.float32, "float32: this CPU has no AMX (amx_bf16)"),
+        (
+            ("avx512_bf16", "amx_bf16", "amx_tile"),
+            torch.bfloat16,
+            "bfloat16: this CPU multiplies it natively (amx_bf16, avx512_bf16)",
+        ),
+        (("avx512_bf16",), torch.bfloat16, "bfloat16: this CPU multiplies it natively (avx512_bf16)"),
+        ((), torch.float32, "float32: this CPU has neither avx512_bf16 nor AMX"),
     ],
 )
 def test_auto_on_a_cpu_is_bf16_with_amx_only(flags, expected, why):

@@ -108,7 +108,7 @@ def _data(path, run_dir=None, **sections):
     return data
 
 
-def test_a_sampler_narrower_than_the_learner_gets_the_correction_chosen(tiny_checkpoint):
+def test_a_sampler_or_learner_narrower_than_fp32_gets_the_correction_chosen(tiny_checkpoint):
     config, choices = config_from_dict_with_choices(
         _data(tiny_checkpoint, rollout={"compute_dtype": "bfloat16"})
     )
@@ -124,6 +124,12 @@ def test_a_sampler_narrower_than_the_learner_gets_the_correction_chosen(tiny_che
     assert config.algorithm.off_policy.name == "none" and not choices
     config, choices = config_from_dict_with_choices(_data(tiny_checkpoint))
     assert config.algorithm.off_policy.name == "none" and not choices
+    # one type on both sides is not one computation: the engine narrows its linears, autocast every product
+    config, choices = config_from_dict_with_choices(
+        _data(tiny_checkpoint, rollout={"compute_dtype": "bfloat16"}, model={"compute_dtype": "bfloat16"})
+    )
+    assert config.algorithm.off_policy.name == "tis"
+    assert any("the sampler computes in bfloat16, the learner in bfloat16" in c for c in choices)
 
 
 def _rows(run_dir):

@@ -81,10 +81,13 @@ def cpu_model() -> str:
 def resolve_compute_dtype(
     name: str, device: torch.device, *, flags: Iterable[str] | None = None
 ) -> tuple[torch.dtype, str]:
-    """``model.compute_dtype`` on ``device`` as a torch dtype, and a one-line reason. ``auto``:
-    bfloat16 on a CUDA device that computes it natively (Ampere on), or on a CPU with AMX
-    (``amx_bf16`` among ``flags``, default ``cpu_flags()``), else float32 (AVX-512 bf16 alone gains
-    too little over fp32 to pay for the rounding)."""
+    """``model.compute_dtype`` (or ``rollout.compute_dtype``: the same rule) on ``device`` as a torch
+    dtype, and a one-line reason. ``auto``: bfloat16 on a CUDA device that computes it natively
+    (Ampere on), or on a CPU with AVX-512 bf16 dot products or AMX (``avx512_bf16`` / ``amx_bf16``
+    among ``flags``, default ``cpu_flags()``), else float32. On an AMD EPYC with avx512_bf16 alone
+    (2 threads) SmolLM2-135M's learner update ran 1.53x faster in bf16 than in fp32; the quickstart's
+    tiny model (hidden 128) ran 0.85x, its products too small for the bf16 kernels to pay
+    (benchmarks/HISTORY.md, issue 63)."""
     if name != "auto":
         return COMPUTE_DTYPES[name], f"{name}: as configured"
     if device.type == "cuda":
@@ -92,9 +95,11 @@ def resolve_compute_dtype(
             return torch.bfloat16, "bfloat16: this CUDA device computes it natively"
         return torch.float32, "float32: this CUDA device has no native bfloat16"
     if device.type == "cpu":
-        if "amx_bf16" in set(cpu_flags() if flags is None else flags):
-            return torch.bfloat16, "bfloat16: this CPU has AMX (amx_bf16)"
-        return torch.float32, "float32: this CPU has no AMX (amx_bf16)"
+        reported = set(cpu_flags() if flags is None else flags)
+        native = [flag for flag in ("amx_bf16", "avx512_bf16") if flag in reported]
+        if native:
+            return torch.bfloat16, f"bfloat16: this CPU multiplies it natively ({', '.join(native)})"
+        return torch.float32, "float32: this CPU has neither avx512_bf16 nor AMX"
     return torch.float32, f"float32: no bfloat16 rule for {device.type} devices"
 
 
@@ -119,22 +124,6 @@ def grad_scaler(model, dtype: torch.dtype | None) -> torch.amp.GradScaler | None
 def resolve_sampler_dtype(
     name: str, device: torch.device, *, flags: Iterable[str] | None = None
 ) -> tuple[torch.dtype, str]:
-    """``rollout.compute_dtype`` of an engine (HF or vLLM: the same rule) on ``device`` as a torch
-    dtype, and a one-line reason. ``auto``: bfloat16 on a CUDA device that computes it natively, or on a CPU with
-    AVX-512 bf16 dot products or AMX (``flags``, default ``cpu_flags()``), else float32. The sampler
-    gains at a lower bar than the learner (``resolve_compute_dtype``): decoding reads every weight per
-    token, so halving the bytes read pays even where bf16 arithmetic is no faster, and the sampler's
-    rounding is corrected (``algorithm.off_policy``) rather than trained on."""
-    if name != "auto":
-        return COMPUTE_DTYPES[name], f"{name}: as configured"
-    if device.type == "cuda":
-        if torch.cuda.is_bf16_supported(including_emulation=False):
-            return torch.bfloat16, "bfloat16: this CUDA device computes it natively"
-        return torch.float32, "float32: this CUDA device has no native bfloat16"
-    if device.type == "cpu":
-        reported = set(cpu_flags() if flags is None else flags)
-        native = [flag for flag in ("amx_bf16", "avx512_bf16") if flag in reported]
-        if native:
-            return torch.bfloat16, f"bfloat16: this CPU multiplies it natively ({', '.join(native)})"
-        return torch.float32, "float32: this CPU has neither avx512_bf16 nor AMX"
-    return torch.float32, f"float32: no bfloat16 rule for {device.type} devices"
+    """``rollout.compute_dtype`` of an engine (HF or vLLM) on ``device``: the learner's rule
+    (``resolve_compute_dtype``)."""
+    return resolve_compute_dtype(name, device, flags=flags)

@@ -13,11 +13,11 @@ from agent_r1.tasks import get_task
 from agent_r1.tasks.multihop_qa import (
     SAMPLE_PATH,
     build_task,
-    corpus_from_hotpotqa,
+    corpus_from_questions,
     exact_match,
     extract_answer,
     f1,
-    load_hotpotqa,
+    load_questions,
     make_dataset,
     normalize_answer,
 )
@@ -49,14 +49,14 @@ def test_exact_match_and_f1(answer: str, reference: str, em: float, f1_score: fl
 
 
 def test_shipped_sample_loads_and_its_facts_are_in_the_corpus() -> None:
-    rows = load_hotpotqa(SAMPLE_PATH)
+    rows = load_questions(SAMPLE_PATH)
     assert len(rows) == 8
     titles = {p.title for p in builtin_corpus()}
     for row in rows:
         assert row["prompt"][-1] == {"role": "user", "content": row["question"]}
         assert set(row["supporting_titles"]) <= titles
     # The corpus built from the file's contexts is the shipped corpus.
-    assert {p.title: p.text for p in corpus_from_hotpotqa([SAMPLE_PATH])} == {
+    assert {p.title: p.text for p in corpus_from_questions([SAMPLE_PATH])} == {
         p.title: p.text for p in builtin_corpus()
     }
 
@@ -80,7 +80,7 @@ def test_user_files_jsonl_with_separate_test_file(tmp_path: Path) -> None:
     assert {r["id"] for r in spec.make_dataset(split="test")} == {r["_id"] for r in records[5:]}
     assert len(spec.make_dataset(split="train")) == 5
     [search] = spec.tools()  # a corpus built from both files' contexts
-    assert len(search.retriever) == len(corpus_from_hotpotqa([train, test]))
+    assert len(search.retriever) == len(corpus_from_questions([train, test]))
     assert spec.reward("Portland", {"answer": "Portland, Maine"}) == pytest.approx(2 / 3)
 
 
@@ -89,17 +89,19 @@ def test_loader_errors_name_the_question(tmp_path: Path) -> None:
     bad.write_text(
         json.dumps([{"_id": "x", "question": "q?", "answer": "a"}, {"_id": "y", "question": "q?"}])
     )
-    with pytest.raises(ValueError, match=r"bad.json, question 1: needs a string 'answer'"):
-        load_hotpotqa(bad)
+    with pytest.raises(
+        ValueError, match=r"bad.json, row 1: expected a HotpotQA .* it has fields \['_id', 'question'\]"
+    ):
+        load_questions(bad)
     with pytest.raises(ValueError, match="reward 'bleu' is unknown; choose from exact_match, f1"):
         build_task(reward="bleu")
     with pytest.raises(FileNotFoundError):
-        load_hotpotqa(tmp_path / "missing.json")
+        load_questions(tmp_path / "missing.json")
 
 
 def test_two_hop_episode_in_tool_env(tiny_tokenizer) -> None:
     spec = get_task("multihop_qa")
-    row = next(r for r in load_hotpotqa(SAMPLE_PATH) if r["id"] == "sample-1")
+    row = next(r for r in load_questions(SAMPLE_PATH) if r["id"] == "sample-1")
     env = ToolEnv(
         tiny_tokenizer,
         spec.tools(),

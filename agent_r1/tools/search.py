@@ -11,7 +11,9 @@ Any object with ``search(query, k) -> list[Passage]`` is a retriever. Shipped:
   ``{"passages": [{"id", "title", "text", "score"}, ...]}`` (e.g. a dense retriever on a GPU box).
 
 Corpora load from JSONL or parquet (``load_corpus``): one passage per row with ``text`` and optional
-``id`` and ``title``. ``builtin_corpus()`` is a small encyclopedia sample shipped for tests and demos.
+``id`` and ``title``, or Search-R1's wiki-18 rows ``{"id", "contents"}`` with ``contents`` =
+``'"Title"\\ntext'`` (``split_contents``). ``builtin_corpus()`` is a small encyclopedia sample
+shipped for tests and demos.
 
     retriever = BM25Retriever(load_corpus("wiki.jsonl"))
     search = search_tool(retriever, k=3)          # a Tool named "search" taking {"query": str}
@@ -43,6 +45,7 @@ __all__ = [
     "format_passages",
     "load_corpus",
     "search_tool",
+    "split_contents",
     "tokenize",
 ]
 
@@ -187,9 +190,23 @@ class HTTPRetriever:
         ]
 
 
+def split_contents(contents: str) -> tuple[str, str]:
+    """``(title, text)`` of a Search-R1 ``contents`` string: first line (quotes stripped), then the rest."""
+    if "\n" not in contents:
+        return "", contents
+    title, text = contents.split("\n", 1)
+    return title.strip().strip('"'), text
+
+
 def _passage_from_row(row: Any, index: int, where: str) -> Passage:
+    if isinstance(row, Mapping) and "text" not in row and isinstance(row.get("contents"), str):
+        title, text = split_contents(row["contents"])  # Search-R1's wiki-18 layout
+        return Passage(id=str(row.get("id", index)), text=text, title=title)
     if not isinstance(row, Mapping) or not isinstance(row.get("text"), str):
-        raise ValueError(f"{where}, row {index}: a passage needs a string 'text' field, got {row!r:.200}")
+        raise ValueError(
+            f"{where}, row {index}: a passage needs a string 'text' field (or Search-R1's 'contents'), "
+            f"got {row!r:.200}"
+        )
     return Passage(
         id=str(row.get("id", index)),
         text=row["text"],
@@ -199,7 +216,8 @@ def _passage_from_row(row: Any, index: int, where: str) -> Passage:
 
 
 def load_corpus(path: str | Path) -> list[Passage]:
-    """Passages from a ``.jsonl`` or ``.parquet`` file: ``text`` required, ``id`` and ``title`` optional."""
+    """Passages from a ``.jsonl`` or ``.parquet`` file: ``text`` required, ``id`` and ``title`` optional;
+    or Search-R1's ``{"id", "contents"}`` rows (wiki-18), split into title and text."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus file {path} does not exist")

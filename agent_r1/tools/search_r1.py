@@ -36,7 +36,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent_r1.tools.search import Passage
+from agent_r1.tools.search import Passage, split_contents
 
 __all__ = ["RetrieverError", "SearchR1Retriever", "split_contents"]
 
@@ -45,14 +45,6 @@ _SERVER = "a Search-R1 retrieval server (search_r1/search/retrieval_server.py) a
 
 class RetrieverError(RuntimeError):
     """A remote retriever failed or answered something else; the message names the URL and the expectation."""
-
-
-def split_contents(contents: str) -> tuple[str, str]:
-    """``(title, text)`` of a Search-R1 ``contents`` string: first line (quotes stripped), then the rest."""
-    if "\n" not in contents:
-        return "", contents
-    title, text = contents.split("\n", 1)
-    return title.strip().strip('"'), text
 
 
 def _short(value: Any, limit: int = 160) -> str:

@@ -48,7 +48,14 @@ class SmokeError(ValueError):
 def _multihop_sample() -> dict[str, Any]:
     from agent_r1.tasks.multihop_qa import SAMPLE_PATH
 
-    return {"path": str(SAMPLE_PATH), "test_path": None}
+    # The sample and its corpus stand in for the user's files, passage file or retrieval server.
+    return {
+        "path": str(SAMPLE_PATH),
+        "test_path": None,
+        "corpus": None,
+        "retriever_url": None,
+        "format": None,
+    }
 
 
 # Task kwargs that name files a recipe expects you to bring, replaced by the task's shipped sample.

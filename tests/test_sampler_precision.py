@@ -11,7 +11,7 @@ import torch
 from trainer_envs import tasks
 
 from agent_r1.algos import mismatch_metrics
-from agent_r1.models.precision import resolve_sampler_dtype
+from agent_r1.models.precision import resolve_compute_dtype
 from agent_r1.models.tiny import build_tiny_model, save_tiny_checkpoint
 from agent_r1.rollout import packed_linear
 from agent_r1.rollout.hf import HFEngine
@@ -89,10 +89,10 @@ def test_a_maximum_stays_a_maximum_across_ranks():
 
 def test_auto_narrows_the_sampler_where_the_cpu_multiplies_bf16():
     cpu = torch.device("cpu")
-    assert resolve_sampler_dtype("auto", cpu, flags=("avx512_bf16",))[0] == BF16
-    assert resolve_sampler_dtype("auto", cpu, flags=("amx_bf16", "amx_tile"))[0] == BF16
-    assert resolve_sampler_dtype("auto", cpu, flags=())[0] == torch.float32
-    assert resolve_sampler_dtype("float32", cpu, flags=("amx_bf16",))[0] == torch.float32
+    assert resolve_compute_dtype("auto", cpu, flags=("avx512_bf16",))[0] == BF16
+    assert resolve_compute_dtype("auto", cpu, flags=("amx_bf16", "amx_tile"))[0] == BF16
+    assert resolve_compute_dtype("auto", cpu, flags=())[0] == torch.float32
+    assert resolve_compute_dtype("float32", cpu, flags=("amx_bf16",))[0] == torch.float32
 
 
 def _data(path, run_dir=None, **sections):

@@ -15,7 +15,7 @@ import pytest
 
 from agent_r1.tasks import get_task
 from agent_r1.tasks import multihop_world as mw
-from agent_r1.tasks.multihop_qa import exact_match, normalize_answer
+from agent_r1.tasks.multihop_qa import exact_match, extract_answer, normalize_answer
 from agent_r1.tasks.prepare import task_env
 from agent_r1.types import Action
 
@@ -120,7 +120,7 @@ def test_demonstrations_replay_through_the_env(tiny_tokenizer, world, heldout) -
     # The registered demonstrator errs at its rate; the env's reward equals EM of its answer offline.
     imperfect = _replay(tiny_tokenizer, heldout[:24], spec.demonstrate, seed=1)
     rng = random.Random(1)
-    offline = [exact_match(mw.extract_answer(spec.demonstrate(t, rng)[-1]), t) for t in heldout[:24]]
+    offline = [exact_match(extract_answer(spec.demonstrate(t, rng)[-1]), t) for t in heldout[:24]]
     assert [t.outcome_reward for t in imperfect] == offline and 0 < sum(offline) < 24
 
 
@@ -131,7 +131,7 @@ def test_demonstrator_error_rate_and_kinds_of_error(world, heldout) -> None:
         wrong = 0
         for task in heldout:
             responses = mw.demonstrate(task, rng, world=world, error_rate=rate)
-            answer = mw.extract_answer(responses[-1])
+            answer = extract_answer(responses[-1])
             calls = len(responses) - 1
             assert calls <= task["hops"] and all(r.startswith("<tool_call>\n") for r in responses[:-1])
             if exact_match(answer, task) == 1.0:

@@ -41,7 +41,6 @@ __all__ = [
     "cpu_model",
     "grad_scaler",
     "resolve_compute_dtype",
-    "resolve_sampler_dtype",
 ]
 
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -119,11 +118,3 @@ def grad_scaler(model, dtype: torch.dtype | None) -> torch.amp.GradScaler | None
     if dtype != torch.float16 or parameter.dtype == torch.float16:
         return None
     return torch.amp.GradScaler(parameter.device.type)
-
-
-def resolve_sampler_dtype(
-    name: str, device: torch.device, *, flags: Iterable[str] | None = None
-) -> tuple[torch.dtype, str]:
-    """``rollout.compute_dtype`` of an engine (HF or vLLM) on ``device``: the learner's rule
-    (``resolve_compute_dtype``)."""
-    return resolve_compute_dtype(name, device, flags=flags)

@@ -39,7 +39,7 @@ import json
 import random
 import re
 import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ __all__ = [
     "SYSTEM_PROMPT",
     "build_task",
     "FORMATS",
+    "check_reward",
     "corpus_from_questions",
     "exact_match",
     "extract_answer",
@@ -60,6 +61,7 @@ __all__ = [
     "load_questions",
     "make_dataset",
     "normalize_answer",
+    "search_task",
 ]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -325,28 +327,60 @@ def build_task(
     ``retriever_url``: search a Search-R1 ``retrieval_server.py`` there instead (``SearchR1Retriever``;
     the server's base URL or its ``/retrieve`` endpoint), e.g. an E5 / FAISS index; no corpus is loaded.
     """
-    if reward not in REWARDS:
-        raise ValueError(f"multihop_qa reward {reward!r} is unknown; choose from {', '.join(REWARDS)}")
+    check_reward("multihop_qa", reward)
     if retriever_url is not None and corpus is not None:
         raise ValueError(f"multihop_qa: give corpus ({corpus}) or retriever_url ({retriever_url}), not both")
-    remote = None if retriever_url is None else SearchR1Retriever(retriever_url)
     if format is not None and format not in FORMATS:
         raise ValueError(f"multihop_qa format {format!r} is unknown; choose from {', '.join(FORMATS)}")
     if corpus is None and _as_paths(path) == [SAMPLE_PATH]:
         corpus = SAMPLE_CORPUS
     sources = tuple(str(p) for p in [*_as_paths(path), *_as_paths(test_path or [])])
     corpus_key = None if corpus is None else str(corpus)
+    return search_task(
+        "multihop_qa",
+        make_dataset=functools.partial(make_dataset, path=path, test_path=test_path, format=format),
+        retriever=lambda: _retriever(corpus_key, sources, format),
+        retriever_url=retriever_url,
+        reward=reward,
+        top_k=top_k,
+        max_turns=max_turns,
+    )
+
+
+def check_reward(task: str, reward: str) -> None:
+    """Refuse a ``reward`` that is not one of ``REWARDS``, naming ``task``."""
+    if reward not in REWARDS:
+        raise ValueError(f"{task} reward {reward!r} is unknown; choose from {', '.join(REWARDS)}")
+
+
+def search_task(
+    name: str,
+    *,
+    make_dataset: Callable[..., list[dict]],
+    retriever: Callable[[], Any],
+    retriever_url: str | None,
+    reward: str,
+    top_k: int,
+    max_turns: int,
+    demonstrate: Callable | None = None,
+) -> TaskSpec:
+    """A multi-hop QA task ``name``: the ``search`` tool over ``retriever()`` (called in each
+    environment's process), or a Search-R1 retrieval server at ``retriever_url`` instead, the
+    ``<answer>`` rule and ``reward`` (``REWARDS``: exact match or F1)."""
+    check_reward(name, reward)
+    remote = None if retriever_url is None else SearchR1Retriever(retriever_url)
 
     def tools() -> list[Any]:
-        return [search_tool(remote or _retriever(corpus_key, sources, format), k=top_k)]
+        return [search_tool(remote or retriever(), k=top_k)]
 
     return TaskSpec(
-        name="multihop_qa",
-        make_dataset=functools.partial(make_dataset, path=path, test_path=test_path, format=format),
+        name=name,
+        make_dataset=make_dataset,
         tools=tools,
         tool_format=lambda: "hermes",
         extract_answer=extract_answer,
         reward=REWARDS[reward],
+        demonstrate=demonstrate,
         max_turns=max_turns,
         required_fields=("prompt", "answer"),
     )

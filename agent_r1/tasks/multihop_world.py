@@ -60,9 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.tasks import TaskSpec
-from agent_r1.tasks.multihop_qa import SYSTEM_PROMPT, exact_match, extract_answer, f1
-from agent_r1.tools.search import BM25Retriever, Passage, search_tool
-from agent_r1.tools.search_r1 import SearchR1Retriever
+from agent_r1.tasks.multihop_qa import SYSTEM_PROMPT, check_reward, search_task
+from agent_r1.tools.search import BM25Retriever, Passage
 
 __all__ = [
     "KINDS",
@@ -103,7 +102,6 @@ KINDS: dict[str, tuple[str, int]] = {
     "4-hop": ("compose", 4),
 }
 DEFAULT_MIX: dict[str, float] = {"bridge": 0.3, "comparison": 0.2, "3-hop": 0.3, "4-hop": 0.2}
-REWARDS = {"exact_match": exact_match, "f1": f1}
 _YEAR_RE = re.compile(r"\b(?:18|19|20)\d\d\b")
 
 
@@ -677,8 +675,7 @@ def build_task(
     The search engine is BM25 over the world's corpus, or a Search-R1 retrieval server at
     ``retriever_url`` that indexes it (``write_corpus``). ``error_rate``: the demonstrator's.
     """
-    if reward not in REWARDS:
-        raise ValueError(f"multihop_world reward {reward!r} is unknown; choose from {', '.join(REWARDS)}")
+    check_reward("multihop_world", reward)
     if not 0 <= error_rate <= 1:
         raise ValueError(f"multihop_world error_rate must be in [0, 1], got {error_rate}")
     unknown = sorted(set(size or {}) - set(WorldSize.__dataclass_fields__))
@@ -688,19 +685,13 @@ def build_task(
         )
     world_size = WorldSize(**dict(size or {}))
     world = shared_world(world_seed, world_size)
-    remote = None if retriever_url is None else SearchR1Retriever(retriever_url)
-
-    def tools() -> list[Any]:
-        return [search_tool(remote or world.retriever, k=top_k)]
-
-    return TaskSpec(
-        name="multihop_world",
+    return search_task(
+        "multihop_world",
         make_dataset=functools.partial(make_dataset, world_seed=world_seed, size=world_size, mix=mix),
-        tools=tools,
-        tool_format=lambda: "hermes",
-        extract_answer=extract_answer,
-        reward=REWARDS[reward],
-        demonstrate=functools.partial(demonstrate, world=world, error_rate=error_rate, top_k=top_k),
+        retriever=lambda: world.retriever,
+        retriever_url=retriever_url,
+        reward=reward,
+        top_k=top_k,
         max_turns=max_turns,
-        required_fields=("prompt", "answer"),
+        demonstrate=functools.partial(demonstrate, world=world, error_rate=error_rate, top_k=top_k),
     )

@@ -51,6 +51,7 @@ __all__ = [
     "keep_groups",
     "kernel_pair_cost",
     "prefix_pair_cost",
+    "step_advantages",
 ]
 
 logger = logging.getLogger(__name__)
@@ -154,6 +155,17 @@ class TrainBatch:
         num_steps = len(self.rows.steps)
         summed_N = torch.zeros(num_steps).index_add_(0, step_T, flat * mask_T)
         return (summed_N / torch.zeros(num_steps).index_add_(0, step_T, mask_T).clamp(min=1)).tolist()
+
+
+def step_advantages(batches: Sequence[TrainBatch]) -> dict[int, float] | None:
+    """Each trained step's mean advantage, by ``id`` of the step, over ``batches`` (one per policy);
+    None when none of them has advantages."""
+    advantage_of = {}
+    for batch in batches:
+        if batch.tokens.advantages is not None:
+            means = batch.step_means(batch.tokens.advantages)
+            advantage_of.update({id(s): v for s, v in zip(batch.rows.steps, means, strict=True)})
+    return advantage_of or None
 
 
 def keep_groups(

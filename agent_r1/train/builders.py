@@ -93,10 +93,10 @@ def compute_dtype(config: TrainConfig, device: torch.device) -> tuple[torch.dtyp
 
 def sampler_dtype(config: TrainConfig, device: torch.device) -> tuple[torch.dtype, str]:
     """``rollout.compute_dtype`` for an engine on ``device`` ('auto' resolved), and why
-    (``agent_r1.models.precision.resolve_sampler_dtype``)."""
-    from agent_r1.models.precision import resolve_sampler_dtype
+    (``agent_r1.models.precision.resolve_compute_dtype``: the learner's rule)."""
+    from agent_r1.models.precision import resolve_compute_dtype
 
-    return resolve_sampler_dtype(config.rollout.compute_dtype, torch.device(device))
+    return resolve_compute_dtype(config.rollout.compute_dtype, torch.device(device))
 
 
 def precision_line(config: TrainConfig) -> str | None:
@@ -226,13 +226,17 @@ def agent_loop(config: TrainConfig, tokenizer, make_env: Callable[[], Any], samp
 def policy_objective(config: TrainConfig) -> PolicyObjective:
     """The configured per-token policy objective: the ``algorithm`` sections passed on unchanged; with
     one update per batch its forwards are at the sampled weights and measure the sampler/learner
-    mismatch (``PolicyObjective.measure_mismatch``)."""
+    mismatch (``PolicyObjective.measure_mismatch``), unless the old log-probs phase already does
+    (``agent_r1.train.phases.recomputes_old_logprobs``)."""
+    from agent_r1.train.phases import recomputes_old_logprobs
+
     algo, trainer = config.algorithm, config.trainer
+    single = trainer.ppo_epochs * trainer.mini_batches == 1
     return PolicyObjective(
         loss=algo.policy_loss,
         kl=algo.kl,
         entropy_coef=algo.entropy_coef,
-        measure_mismatch=trainer.ppo_epochs * trainer.mini_batches == 1,
+        measure_mismatch=single and not recomputes_old_logprobs(config, trainer.mini_batches),
     )
 
 

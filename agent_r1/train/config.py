@@ -961,11 +961,11 @@ def _choose_for_precision(
         return config, choices
     import torch
 
-    from agent_r1.models.precision import resolve_compute_dtype, resolve_sampler_dtype
+    from agent_r1.models.precision import resolve_compute_dtype
 
     device = torch.device("cpu" if config.model.device == "cpu" or not torch.cuda.is_available() else "cuda")
     learner, _ = resolve_compute_dtype(config.model.compute_dtype, device)
-    sampler, _ = resolve_sampler_dtype(config.rollout.compute_dtype, device)
+    sampler, _ = resolve_compute_dtype(config.rollout.compute_dtype, device)
     if sampler == learner == torch.float32:
         return config, choices
     algorithm = replace(config.algorithm, off_policy=replace(config.algorithm.off_policy, name="tis"))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent_r1.types import Trajectory, TrajectoryGroup, TrajectoryStatus
@@ -190,6 +190,19 @@ class ZeroVarianceWatch:
             raise ValueError(f"ZeroVarianceWatch.threshold must be in (0, 1], got {self.threshold}")
         if self.patience < 1:
             raise ValueError(f"ZeroVarianceWatch.patience must be >= 1, got {self.patience}")
+
+    def observe_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        """``observe`` with the step's metrics (``filter/zero_variance_groups``, ``filter/groups``,
+        ``reward/mean``, ``success/mean``), its warning logged."""
+        warning = self.observe(
+            step,
+            metrics["filter/zero_variance_groups"],
+            int(metrics["filter/groups"]),
+            metrics.get("reward/mean"),
+            metrics.get("success/mean"),
+        )
+        if warning:
+            logger.warning(warning)
 
     def observe(
         self,

@@ -17,9 +17,20 @@ from dataclasses import replace
 from agent_r1.algos import compute_advantages, correct_tokens, kl_reward_penalty, mismatch_metrics
 from agent_r1.train import critic, teacher, update
 from agent_r1.train.batch import TrainBatch
+from agent_r1.train.config import TrainConfig
 from agent_r1.train.step_context import Phase, StepContext
 
-__all__ = ["LEARNING_PHASES", "advantages", "old_logprobs", "reference"]
+__all__ = ["LEARNING_PHASES", "advantages", "old_logprobs", "recomputes_old_logprobs", "reference"]
+
+
+def recomputes_old_logprobs(config: TrainConfig, mini_batches: int) -> bool:
+    """Whether ``old_logprobs`` runs the learner's forward for them: several updates per batch
+    (``trainer.ppo_epochs`` x the batch's ``mini_batches``), or an off-policy correction, unless the
+    sampler's stand in (``algorithm.old_logprobs: sampler``)."""
+    algorithm = config.algorithm
+    if algorithm.old_logprobs == "sampler":
+        return False
+    return config.trainer.ppo_epochs * mini_batches > 1 or algorithm.off_policy.name != "none"
 
 
 def old_logprobs(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, dict[str, float]]:
@@ -33,10 +44,7 @@ def old_logprobs(batch: TrainBatch, context: StepContext) -> tuple[TrainBatch, d
     algorithm, mismatch = context.config.algorithm, {}
     if algorithm.old_logprobs == "sampler":
         batch = batch.with_tokens(old_logprobs=batch.tokens.sampler_logprobs)
-    elif (
-        context.config.trainer.ppo_epochs * len(batch.micro_batches) > 1
-        or algorithm.off_policy.name != "none"
-    ):
+    elif recomputes_old_logprobs(context.config, len(batch.micro_batches)):
         batch = batch.with_tokens(
             old_logprobs=context.learner.logprobs(batch.all_micro_batches, batch.num_tokens)
         )

@@ -67,7 +67,7 @@ from agent_r1.flows.base import AgentFlow, split_roles
 from agent_r1.report.annotate import annotate
 from agent_r1.report.html import write_finished_report
 from agent_r1.train.backends import BackendParts, backend_config, make_backends
-from agent_r1.train.batch import TrainBatch, build_batch, keep_groups, prefix_pair_cost
+from agent_r1.train.batch import TrainBatch, build_batch, keep_groups, prefix_pair_cost, step_advantages
 from agent_r1.train.builders import (
     check_env,
     estimator_needs,
@@ -323,15 +323,7 @@ class Trainer:
         summary = summarize_rollout(groups, self.schedule.policy_version)
         metrics = {**summary.metrics, **role_metrics(groups, self.schedule.policy_version), **filter_metrics}
         self.check_health(summary, groups, step)
-        warning = self.zero_variance.observe(
-            step,
-            filter_metrics["filter/zero_variance_groups"],
-            int(filter_metrics["filter/groups"]),  # of the first round: (task, role) groups
-            metrics.get("reward/mean"),
-            metrics.get("success/mean"),
-        )
-        if warning:
-            logger.warning(warning)
+        self.zero_variance.observe_step(step, metrics)  # filter/*: the first round's (task, role) groups
         return groups, kept, (spans[0][0], spans[-1][1]), metrics
 
     # ------------------------------------------------------------------ phases
@@ -420,13 +412,8 @@ class Trainer:
 
     def annotate(self, groups, batches: Sequence[TrainBatch]) -> list:
         """The step's trajectories with the viewer's keys (``agent_r1.report.annotate``), with the
-        advantages of the batches trained (one per policy)."""
-        advantage_of = {}
-        for batch in batches:
-            if batch.tokens.advantages is not None:
-                means = batch.step_means(batch.tokens.advantages)
-                advantage_of.update({id(s): v for s, v in zip(batch.rows.steps, means, strict=True)})
-        return annotate(groups, self.tokenizer, trajectory_success, advantage_of or None)
+        advantages of the batches trained (one per policy, ``step_advantages``)."""
+        return annotate(groups, self.tokenizer, trajectory_success, step_advantages(batches))
 
     # ------------------------------------------------------------------ checkpoints
 

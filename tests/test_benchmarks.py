@@ -556,3 +556,34 @@ def test_precision_quick():
     assert "machine: " in out and "flags" in out
     for pair in ("fp32 / fp32", "bf16 / fp32", "bf16 / bf16", "fp32 / bf16"):
         assert f"| {pair} |" in out, out
+
+
+def test_paper_table_quick(tmp_path):
+    """benchmarks/paper_table.py at smoke sizes on the arithmetic task: the no-RL row and every
+    method's row in the paper's layout, the paper's figure beside each, every RL row trained on the
+    same number of sampled trajectories from the one warm start; then the context comparison, each
+    policy warm-started through its own context."""
+    out = run_script("paper_table.py", "--quick", "--tasks", "arithmetic", "--out", str(tmp_path / "table"))
+    results = json.loads((tmp_path / "table" / "results.json").read_text())
+    (run,) = results["runs"]["arithmetic"].values()
+    methods = ("GRPO", "PPO", "REINFORCE++", "RLOO")
+    assert len({run[m]["trajectories"] for m in methods}) == 1 and run["GRPO"]["trajectories"] > 0
+    for row, paper in (
+        ("no RL", "53.1"),
+        ("GRPO", "83.3"),
+        ("PPO", "78.1"),
+        ("REINFORCE++", "78.9"),
+        ("RLOO", "81.6"),
+    ):
+        cells = table_row(out, row)
+        assert cells[0] == row and cells[1].endswith(f"[{paper}]"), cells
+        assert 0.0 <= run[row]["test"]["success"] <= 1.0
+    assert "arithmetic: every RL row above no RL in every seed:" in out and "ranking on test" in out
+
+    out = run_script("paper_table.py", "--quick", "--context", "--out", str(tmp_path / "context"))
+    context = json.loads((tmp_path / "context" / "results.json").read_text())["context"]
+    assert set(context) == {"append", "sliding_window"}
+    for arm in context:
+        assert f"{arm}: no RL " in out
+        (arm_run,) = context[arm]["runs"].values()
+        assert arm_run["GRPO"]["trajectories"] > 0 and len(context[arm]["gain_points"]) == 1

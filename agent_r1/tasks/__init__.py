@@ -56,6 +56,7 @@ TASKS: dict[str, str] = {
     "multihop_qa": "agent_r1.tasks.multihop_qa:build_task",
     "multihop_world": "agent_r1.tasks.multihop_world:build_task",
     "code": "agent_r1.tasks.code:build_task",
+    "household": "agent_r1.tasks.household:build_task",
 }
 
 

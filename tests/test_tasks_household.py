@@ -236,8 +236,23 @@ def test_bad_dataset_and_demonstrator_arguments_raise():
         hh.make_dataset(1, slack=-1)
     with pytest.raises(ValueError, match="error_rate"):
         hh.demonstrate(CLEAN_MUG, random.Random(0), error_rate=2.0)
-    with pytest.raises(ValueError, match="takes no env.kwargs"):
+    with pytest.raises(ValueError, match="takes only max_turns"):
         hh.make_env(None, context="append")
+    with pytest.raises(ValueError, match="max_turns must be >= 1"):
+        hh.make_env(None, max_turns=0)
+    _, results = asyncio.run(_capped(CLEAN_MUG_SOLUTION))
+    assert len(results) == 3 and results[-1].truncated and results[-1].outcome_reward == 0.0
+
+
+async def _capped(replies: list[str]):
+    """``CLEAN_MUG`` played by ``replies`` in an env capped at 3 actions (the task's budget is 9)."""
+    env = hh.make_env(None, max_turns=3)
+    first, results = await env.reset(CLEAN_MUG), []
+    for reply in replies:
+        results.append(await env.step(Action(reply, ())))
+        if results[-1].terminated or results[-1].truncated:
+            break
+    return first, results
 
 
 def test_the_task_spec_builds_the_env_and_declares_its_fields():
@@ -277,3 +292,32 @@ def test_a_tiny_model_warm_started_on_demonstrations_learns_and_plays_episodes()
         assert 1 <= len(trajectory.steps) <= task["budget"]
         assert trajectory.outcome_reward in (0.0, 1.0)
         assert all("state" in s.info and "invalid" in s.info for s in trajectory.steps)
+
+
+def test_a_listed_actions_number_stands_for_it_and_the_numbered_demonstrator_replays_the_same_episode():
+    """Each listed action is numbered; answering ``3`` (or ``3.``) performs the third; a number past
+    the list is not admissible. The numbered demonstrator plays the same actions as the text one."""
+    first, _ = play(CLEAN_MUG, [])
+    listed = user_text(first).split("Actions:\n", 1)[1].splitlines()
+    assert listed[0].startswith("1. ") and all(line.split(". ", 1)[0].isdigit() for line in listed)
+    go_to_cabinet = next(line.split(". ", 1)[0] for line in listed if line.endswith("go to cabinet 1"))
+    _, results = play(CLEAN_MUG, [go_to_cabinet + ".", "99"])
+    assert results[0].info["action"] == "go to cabinet 1" and not results[0].info["invalid"]
+    assert results[1].info["invalid"] and results[1].observation.messages[-1]["content"].count(
+        "Nothing happens."
+    )
+
+    for task in hh.make_dataset(30, split="test", seed=3):
+        texts = hh.demonstrate(task, random.Random(5), error_rate=0.5)
+        numbers = hh.demonstrate(task, random.Random(5), error_rate=0.5, numbered=True)
+        assert all(n.isdigit() for n in numbers) and len(numbers) == len(texts)
+        _, by_text = play(task, texts)
+        _, by_number = play(task, numbers)
+        assert [r.info["action"] for r in by_number] == [r.info["action"] for r in by_text]
+        assert by_number[-1].outcome_reward == by_text[-1].outcome_reward
+    spec = get_task("household")
+    assert (
+        spec.demonstrate(CLEAN_MUG, random.Random(0)) == CLEAN_MUG_SOLUTION
+    )  # text by default (Random(0) draws no skip)
+    with pytest.raises(ValueError, match="error_rate"):
+        hh.build_task(error_rate=2.0)

@@ -413,8 +413,13 @@ class HouseholdEnv(AgentEnv):
     required_fields = REQUIRED_FIELDS
     task_fields = ("id", "layout", "goal", *REQUIRED_FIELDS)
 
+    def __init__(self, max_turns: int | None = None) -> None:
+        self.max_turns = max_turns
+
     async def reset(self, task: Mapping[str, Any]) -> Observation:
         self.room, self.budget = room_of(task)
+        if self.max_turns is not None:
+            self.budget = min(self.budget, self.max_turns)
         self.goal = task.get("goal") or self.room.goal_text()
         self.actions = 0
         return self._observation("You are in the middle of a room.")
@@ -439,13 +444,16 @@ class HouseholdEnv(AgentEnv):
         return StepResult(self._observation(feedback), info=info)
 
 
-def make_env(tokenizer: Any = None, **kwargs: Any) -> HouseholdEnv:
+def make_env(tokenizer: Any = None, *, max_turns: int | None = None, **kwargs: Any) -> HouseholdEnv:
     """A ``HouseholdEnv`` (it renders no template of its own, so ``tokenizer`` goes unused).
+    ``max_turns``: a cap on every episode's actions below the row's budget (None: the budget alone).
 
     Usable as ``env.name: agent_r1.tasks.household:make_env`` in a training config."""
     if kwargs:
-        raise ValueError(f"household: make_env takes no env.kwargs, got {sorted(kwargs)}")
-    return HouseholdEnv()
+        raise ValueError(f"household: make_env takes only max_turns, got {sorted(kwargs)}")
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"household: max_turns must be >= 1, got {max_turns}")
+    return HouseholdEnv(max_turns)
 
 
 make_env.required_fields = REQUIRED_FIELDS  # type: ignore[attr-defined]  # checked at data load

@@ -7,6 +7,7 @@ import asyncio
 import random
 
 import pytest
+from episodes import play_replies
 
 from agent_r1.algos import StepTable
 from agent_r1.envs import check_env, make_env
@@ -17,24 +18,12 @@ from agent_r1.tasks import gridwalk as gw
 from agent_r1.train.builders import env_factory
 from agent_r1.train.config import config_from_dict
 from agent_r1.train.sft import replay_demonstrations
-from agent_r1.types import Action, SamplingParams, TrajectoryGroup
+from agent_r1.types import SamplingParams, TrajectoryGroup
 
 
 def play(task: dict, replies: list[str]):
     """Every StepResult of an episode driven by ``replies`` (test helper; stops when it ends)."""
-
-    async def run():
-        env = gw.GridWalkEnv()
-        first = await env.reset(task)
-        results = []
-        for reply in replies:
-            result = await env.step(Action(reply, ()))
-            results.append(result)
-            if result.terminated or result.truncated:
-                break
-        return first, results
-
-    return asyncio.run(run())
+    return play_replies(gw.GridWalkEnv(), task, replies)
 
 
 def test_moves_change_the_offset_and_the_goal_ends_the_episode_with_reward_one():

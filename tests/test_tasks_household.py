@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from episodes import play_replies
 
 from agent_r1.envs import check_env
 from agent_r1.flows import AgentEnvLoop, rollout_group
@@ -18,7 +19,7 @@ from agent_r1.rollout.hf import HFEngine
 from agent_r1.tasks import TaskSpec, available_tasks, get_task
 from agent_r1.tasks import household as hh
 from agent_r1.train.sft import SFTConfig, replay_demonstrations, sft_sequences, train_sft
-from agent_r1.types import Action, SamplingParams
+from agent_r1.types import SamplingParams
 
 KITCHEN = ["countertop 1", "cabinet 1", "fridge 1", "microwave 1", "sinkbasin 1", "coffeemachine 1", "desk 1"]
 
@@ -35,21 +36,9 @@ def row(task_type: str, obj: str, target: str, objects: dict[str, str], budget: 
     }
 
 
-def play(task: dict, replies: list[str]):
+def play(task: dict, replies: list[str], env: hh.HouseholdEnv | None = None):
     """The first observation and every StepResult of an episode driven by ``replies``."""
-
-    async def run():
-        env = hh.HouseholdEnv()
-        first = await env.reset(task)
-        results = []
-        for reply in replies:
-            result = await env.step(Action(reply, ()))
-            results.append(result)
-            if result.terminated or result.truncated:
-                break
-        return first, results
-
-    return asyncio.run(run())
+    return play_replies(env or hh.HouseholdEnv(), task, replies)
 
 
 def user_text(observation) -> str:
@@ -240,19 +229,8 @@ def test_bad_dataset_and_demonstrator_arguments_raise():
         hh.make_env(None, context="append")
     with pytest.raises(ValueError, match="max_turns must be >= 1"):
         hh.make_env(None, max_turns=0)
-    _, results = asyncio.run(_capped(CLEAN_MUG_SOLUTION))
+    _, results = play(CLEAN_MUG, CLEAN_MUG_SOLUTION, hh.make_env(None, max_turns=3))  # budget 9
     assert len(results) == 3 and results[-1].truncated and results[-1].outcome_reward == 0.0
-
-
-async def _capped(replies: list[str]):
-    """``CLEAN_MUG`` played by ``replies`` in an env capped at 3 actions (the task's budget is 9)."""
-    env = hh.make_env(None, max_turns=3)
-    first, results = await env.reset(CLEAN_MUG), []
-    for reply in replies:
-        results.append(await env.step(Action(reply, ())))
-        if results[-1].terminated or results[-1].truncated:
-            break
-    return first, results
 
 
 def test_the_task_spec_builds_the_env_and_declares_its_fields():

@@ -51,8 +51,13 @@ rate is about ``1 - 0.7 * error_rate``: 0.66 at the default 0.5, 0.73 at 0.4 (1,
 (error_rate 0.4) x 2 epochs (SFT loss 5.6 -> 0.16), held-out success sampled at T=1 was 0.00 on
 ``test`` and ``unseen`` (100 tasks each). Greedy along the optimal path, the verb of the next action
 is right about 60% of the time but the whole action only 15%: the model does not copy the right
-object and receptacle names out of a ~400-character prompt. Making it learnable needs a shorter
-choice (numbered actions, fewer of them) or a much longer warm start.
+object and receptacle names out of a ~400-character prompt. Answering by number (``numbered``)
+does not help: after the same warm start (800 numbered demonstrations x 2 epochs, 2026-12-07) the
+model answers the most frequent numbers (``2``, ``1``) whatever the room, success 0.00 on both
+splits. The right number is three look-ups away (the goal's object, where ``Seen`` says it lies,
+the line that goes there), which the tiny model does not learn at this budget. A pretrained model
+reads it; on this machine a SmolLM2 run of the table's size would take hours
+(docs/paper_table.md).
 """
 
 from __future__ import annotations

@@ -112,12 +112,12 @@ class TableTask:
 
 
 TASKS = {
-    # The quickstart's sizes (agent_r1/commands/quickstart.py), at which GRPO gains ~27 points.
+    # The quickstart's sizes (agent_r1/commands/quickstart.py).
     "arithmetic": TableTask("arithmetic", columns={"test": "GSM8K acc"}),
     "household": TableTask(
         "household",
-        # Answered by the listed action's number: the tiny model does not copy ~25 characters of an
-        # action right (held-out success 0.00 after a text warm start; agent_r1/tasks/household.py).
+        # Answered by the listed action's number, one token, rather than by copying ~25 characters
+        # (the tiny model's warm start is 0.00 either way: agent_r1/tasks/household.py).
         task_kwargs={"numbered": True, "error_rate": 0.4},
         columns={"test": "ALFWorld seen", "unseen": "ALFWorld unseen"},
         sft_epochs=2,
@@ -259,7 +259,6 @@ def run_seed(
             val_tasks=next(iter(heldout_tasks.values())),
         )
         own_step_loop(trainer, run_dir)
-        row_started = time.perf_counter()
         try:
             if NO_RL not in results:
                 results[NO_RL] = {
@@ -272,7 +271,7 @@ def run_seed(
                 )
             if row == NO_RL:
                 continue
-            trajectories = 0
+            trajectories, row_started = 0, time.perf_counter()
             for step in range(1, table_task.steps + 1):
                 trainer.step = step
                 metrics = trainer.train_step(step)

@@ -345,7 +345,9 @@ def print_table(summary: dict, tasks: list[str], rows: list[str]) -> None:
     for name in tasks:
         rl = [row for row in rows if row != NO_RL]
         split = next(iter(TASKS[name].columns))
-        ranking = sorted(rl, key=lambda row: -summary[name][row][split]["mean"])
+        means = {row: summary[name][row][split]["mean"] for row in rl}
+        ranked = sorted(rl, key=lambda row: -means[row])
+        ranking = " > ".join(ranked) if len(set(means.values())) > 1 else "all equal"
         every = all(
             summary[name][row][s]["above_no_rl_every_seed"] for row in rl for s in TASKS[name].columns
         )
@@ -353,7 +355,7 @@ def print_table(summary: dict, tasks: list[str], rows: list[str]) -> None:
         paper_ranking = sorted(rl, key=lambda row: -PAPER[paper_column][row]) if paper_column in PAPER else []
         print(
             f"{name}: every RL row above no RL in every seed: {'yes' if every else 'NO'}; ranking on {split}: "
-            + " > ".join(ranking)
+            + ranking
             + (f" (paper, {paper_column}: {' > '.join(paper_ranking)})" if paper_ranking else "")
             + "; seconds of RL per row: "
             + ", ".join(f"{row} {summary[name][row]['train_seconds']:.0f}" for row in rl)

@@ -231,9 +231,10 @@ def heldout(trainer: Trainer, table_task: TableTask, tasks: list[dict], split: s
 
 
 def run_seed(
-    table_task: TableTask, seed: int, rows: list[str], tmp: Path, *, context: dict | None = None
+    table_task: TableTask, seed: int, methods: list[str], tmp: Path, *, context: dict | None = None
 ) -> dict:
-    """Every row of one task and seed: the warm start measured once, then each RL method from it."""
+    """The no-RL row and each of ``methods`` for one task and seed: the warm start, measured once on
+    the first method's trainer before it trains, then each method from it."""
     started = time.perf_counter()
     context = context or {}
     warm_dir = tmp / f"{table_task.task}-{seed}-warm"
@@ -246,10 +247,9 @@ def run_seed(
         for split in table_task.columns
     }
     results: dict[str, Any] = {"warm_start": {**warm_info, "seconds": round(warm_seconds, 1)}}
-    for row in rows:
-        run_dir = tmp / f"{table_task.task}-{seed}-{row.replace(' ', '_')}"
-        advantage = METHODS.get(row, "grpo")
-        config = config_from_dict(config_for(table_task, advantage, seed, run_dir, str(warm_dir)))
+    for method in methods:
+        run_dir = tmp / f"{table_task.task}-{seed}-{method}"
+        config = config_from_dict(config_for(table_task, METHODS[method], seed, run_dir, str(warm_dir)))
         trainer = Trainer(
             config,
             tokenizer=tokenizer,
@@ -269,25 +269,25 @@ def run_seed(
                     f"  {table_task.task} seed {seed} {NO_RL}: {_cell_line(results[NO_RL], table_task)}",
                     flush=True,
                 )
-            if row == NO_RL:
-                continue
-            trajectories, row_started = 0, time.perf_counter()
+            row_started = time.perf_counter()
             for step in range(1, table_task.steps + 1):
                 trainer.step = step
-                metrics = trainer.train_step(step)
-                trainer.run_dir.log(step, metrics)
-                trajectories += table_task.tasks_per_step * table_task.group_size
+                trainer.run_dir.log(step, trainer.train_step(step))
             train_seconds = time.perf_counter() - row_started
-            results[row] = {
+            results[method] = {
                 split: heldout(trainer, table_task, tasks, split, seed)
                 for split, tasks in heldout_tasks.items()
             }
-            results[row]["train_seconds"] = round(train_seconds, 1)
-            results[row]["trajectories"] = trajectories
+            results[method]["train_seconds"] = round(train_seconds, 1)
+            results[method]["trajectories"] = (
+                table_task.steps * table_task.tasks_per_step * table_task.group_size
+            )
         finally:
             trainer.run_dir.close()
             trainer.close()
-        print(f"  {table_task.task} seed {seed} {row}: {_cell_line(results[row], table_task)}", flush=True)
+        print(
+            f"  {table_task.task} seed {seed} {method}: {_cell_line(results[method], table_task)}", flush=True
+        )
     return results
 
 
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             results["runs"], results["summary"] = {}, {}
             for name in args.tasks:
                 table_task = replace(TASKS[name], **QUICK) if args.quick else TASKS[name]
-                runs = {seed: run_seed(table_task, seed, rows, Path(tmp)) for seed in seeds}
+                runs = {seed: run_seed(table_task, seed, args.methods, Path(tmp)) for seed in seeds}
                 results["runs"][name] = runs
                 results["summary"][name] = summarise(runs, rows, table_task)
             print_table(results["summary"], args.tasks, rows)

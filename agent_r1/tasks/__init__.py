@@ -57,6 +57,7 @@ TASKS: dict[str, str] = {
     "multihop_world": "agent_r1.tasks.multihop_world:build_task",
     "code": "agent_r1.tasks.code:build_task",
     "household": "agent_r1.tasks.household:build_task",
+    "shop": "agent_r1.tasks.shop:build_task",
 }
 
 

@@ -10,7 +10,10 @@ model (a ~1M-parameter Qwen2 with a byte tokenizer, ``agent_r1.models.tiny``) on
 - ``household``: the ALFWorld-like household (``agent_r1/tasks/household.py``), held out on seen
   and unseen layouts as ALFWorld's valid_seen / valid_unseen;
 - ``multihop_world``: the fictional multi-hop encyclopedia behind a BM25 search tool
-  (``agent_r1/tasks/multihop_world.py``), standing in for HotpotQA (EM and F1, searches per question).
+  (``agent_r1/tasks/multihop_world.py``), standing in for HotpotQA (EM and F1, searches per question);
+- ``shop``: the WebShop-like shop (``agent_r1/tasks/shop.py``): search, click a product, choose its
+  options, buy; scored as WebShop is, by the purchase's reward (attributes, options and price
+  matched: partial credit) averaged x100, with success (reward 1) beside it.
 
 Rows (everything equal between them but the advantage estimator, and PPO's critic):
 
@@ -101,6 +104,7 @@ class TableTask:
     eval_tasks: int = 100
     eval_n: int = 4
     qa: bool = False  # score EM and F1 and count searches
+    metric: str = "success"  # the table's figure: "success" (reward >= 1) or "score" (mean reward)
 
     def spec(self):
         return build(self.task, self.task_kwargs)
@@ -133,6 +137,14 @@ TASKS = {
         columns={"test": "HotpotQA acc"},
         max_tokens=96,
         qa=True,
+    ),
+    "shop": TableTask(
+        "shop",
+        # Clicks answered by number (one token); the search query is written out. WebShop's score.
+        task_kwargs={"numbered": True, "error_rate": 0.5},
+        columns={"test": "WebShop score"},
+        max_tokens=72,
+        metric="score",
     ),
 }
 QUICK = {"sft_demos": 200, "sft_epochs": 1, "steps": 2, "tasks_per_step": 4, "group_size": 4, "eval_tasks": 8}
@@ -214,17 +226,22 @@ def heldout(trainer: Trainer, table_task: TableTask, tasks: list[dict], split: s
     f1_reward = (
         build(table_task.task, {**table_task.task_kwargs, "reward": "f1"}).reward if table_task.qa else None
     )
-    success, f1s, calls, actions = [], [], [], []
+    success, scores, f1s, calls, actions = [], [], [], [], []
     for group in groups:
         for trajectory in group.trajectories:
             success.append(float(trajectory.outcome_reward >= 1.0))
+            scores.append(trajectory.outcome_reward)
             actions.append(len(trajectory.steps))
             if table_task.qa:
                 calls.append(sum(s.info.get("tool_counts", {}).get("calls", 0) for s in trajectory.steps))
                 text = trajectory.steps[-1].response_text if trajectory.steps else ""
                 answer = spec.extract_answer(text)
                 f1s.append(0.0 if answer is None else f1_reward(answer, by_id[group.task_id]))
-    out = {"success": statistics.fmean(success), "actions": statistics.fmean(actions)}
+    out = {
+        "success": statistics.fmean(success),
+        "score": statistics.fmean(scores),
+        "actions": statistics.fmean(actions),
+    }
     if table_task.qa:
         out |= {"em": out["success"], "f1": statistics.fmean(f1s), "searches": statistics.fmean(calls)}
     return out
@@ -297,6 +314,7 @@ def _cell_line(result: dict, table_task: TableTask) -> str:
         r = result[split]
         parts.append(
             f"{split} success {r['success']:.3f}"
+            + (f" score {r['score']:.3f}" if table_task.metric == "score" else "")
             + (f" F1 {r['f1']:.3f} searches {r['searches']:.2f}" if table_task.qa else "")
         )
     if "train_seconds" in result:
@@ -305,20 +323,25 @@ def _cell_line(result: dict, table_task: TableTask) -> str:
 
 
 def summarise(runs: dict[int, dict], rows: list[str], table_task: TableTask) -> dict:
-    """Per row and held-out split: mean and min-max over seeds (percent), and per RL row whether it
-    beat the no-RL row in every seed."""
+    """Per row and held-out split: the task's metric's mean and min-max over seeds (percent), and per
+    RL row whether it beat the no-RL row in every seed."""
     out: dict[str, Any] = {}
+    metric = table_task.metric
     for row in rows:
         out[row] = {}
         for split in table_task.columns:
-            values = [100 * runs[s][row][split]["success"] for s in runs]
-            above = [runs[s][row][split]["success"] > runs[s][NO_RL][split]["success"] for s in runs]
+            values = [100 * runs[s][row][split][metric] for s in runs]
+            above = [runs[s][row][split][metric] > runs[s][NO_RL][split][metric] for s in runs]
             out[row][split] = {
                 "mean": statistics.fmean(values),
                 "min": min(values),
                 "max": max(values),
                 "above_no_rl_every_seed": all(above) if row != NO_RL else None,
             }
+            if metric != "success":
+                out[row][split]["success"] = statistics.fmean(
+                    100 * runs[s][row][split]["success"] for s in runs
+                )
             if table_task.qa:
                 out[row][split]["f1"] = statistics.fmean(100 * runs[s][row][split]["f1"] for s in runs)
                 out[row][split]["searches"] = statistics.fmean(runs[s][row][split]["searches"] for s in runs)
@@ -339,6 +362,8 @@ def print_table(summary: dict, tasks: list[str], rows: list[str]) -> None:
             cell = f"{s['mean']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
             if TASKS[name].qa:
                 cell += f", F1 {s['f1']:.1f}, {s['searches']:.2f} searches"
+            if "success" in s:
+                cell += f", success {s['success']:.1f}"
             cell += f" [{PAPER[paper][row]:.1f}]" if paper in PAPER and row in PAPER[paper] else ""
             cells.append(cell)
         print("| " + " | ".join(cells) + " |")

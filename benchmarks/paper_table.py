@@ -83,6 +83,8 @@ PAPER = {
     "HotpotQA acc": {NO_RL: 25.8, "GRPO": 59.4, "PPO": 56.7, "REINFORCE++": 52.8, "RLOO": 55.2},
     "ALFWorld seen": {NO_RL: 7.14, "GRPO": 81.29, "PPO": 76.42, "REINFORCE++": 73.84, "RLOO": 79.08},
     "ALFWorld unseen": {NO_RL: 2.98, "GRPO": 74.58, "PPO": 72.38, "REINFORCE++": 69.57, "RLOO": 73.46},
+    "WebShop score": {NO_RL: 51.58, "GRPO": 65.83, "PPO": 70.18, "REINFORCE++": 63.41, "RLOO": 68.02},
+    "WebShop SR": {NO_RL: 23.8, "GRPO": 44.2, "PPO": 46.0, "REINFORCE++": 41.8, "RLOO": 45.1},
 }
 
 
@@ -105,6 +107,7 @@ class TableTask:
     eval_n: int = 4
     qa: bool = False  # score EM and F1 and count searches
     metric: str = "success"  # the table's figure: "success" (reward >= 1) or "score" (mean reward)
+    success_column: str | None = None  # with metric "score": the paper's column for success beside it
 
     def spec(self):
         return build(self.task, self.task_kwargs)
@@ -145,6 +148,7 @@ TASKS = {
         columns={"test": "WebShop score"},
         max_tokens=72,
         metric="score",
+        success_column="WebShop SR",
     ),
 }
 QUICK = {"sft_demos": 200, "sft_epochs": 1, "steps": 2, "tasks_per_step": 4, "group_size": 4, "eval_tasks": 8}
@@ -360,11 +364,13 @@ def print_table(summary: dict, tasks: list[str], rows: list[str]) -> None:
         for name, split, paper in columns:
             s = summary[name][row][split]
             cell = f"{s['mean']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
+            cell += f" [{PAPER[paper][row]:.1f}]" if paper in PAPER and row in PAPER[paper] else ""
             if TASKS[name].qa:
                 cell += f", F1 {s['f1']:.1f}, {s['searches']:.2f} searches"
             if "success" in s:
                 cell += f", success {s['success']:.1f}"
-            cell += f" [{PAPER[paper][row]:.1f}]" if paper in PAPER and row in PAPER[paper] else ""
+                sr = PAPER.get(TASKS[name].success_column or "", {})
+                cell += f" [{sr[row]:.1f}]" if row in sr else ""
             cells.append(cell)
         print("| " + " | ".join(cells) + " |")
     for name in tasks:

@@ -587,3 +587,29 @@ def test_paper_table_quick(tmp_path):
         assert f"{arm}: no RL " in out
         (arm_run,) = context[arm]["runs"].values()
         assert arm_run["GRPO"]["trajectories"] > 0 and len(context[arm]["gain_points"]) == 1
+
+
+def test_paper_table_scores_a_graded_task_by_its_mean_reward(monkeypatch, capsys):
+    """The shop's figure is WebShop's score (mean purchase reward x100), its success beside it, each
+    with the paper's figure; the every-seed check compares scores (a row can buy closer to the goal
+    while buying exactly right no more often)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("paper_table_under_test", BENCHMARKS / "paper_table.py")
+    table = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, table)  # its dataclasses look their module up
+    spec.loader.exec_module(table)
+    rows = {"no RL": [(0.2, 0.50), (0.1, 0.40)], "GRPO": [(0.1, 0.60), (0.1, 0.70)]}  # (success, score)
+    runs = {
+        seed: {
+            row: {"test": {"success": cells[seed][0], "score": cells[seed][1]}, "train_seconds": 9.0}
+            for row, cells in rows.items()
+        }
+        for seed in (0, 1)
+    }
+    summary = table.summarise(runs, list(rows), table.TASKS["shop"])
+    assert summary["GRPO"]["test"]["above_no_rl_every_seed"] is True
+    table.print_table({"shop": summary}, ["shop"], list(rows))
+    out = capsys.readouterr().out
+    assert table_row(out, "no RL")[1] == "45.0 (40.0-50.0) [51.6], success 15.0 [23.8]"
+    assert table_row(out, "GRPO")[1] == "65.0 (60.0-70.0) [65.8], success 10.0 [44.2]"
+    assert "shop: every RL row above no RL in every seed: yes" in out

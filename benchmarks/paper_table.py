@@ -143,8 +143,9 @@ TASKS = {
     ),
     "shop": TableTask(
         "shop",
-        # Clicks answered by number (one token); the search query is written out. WebShop's score.
-        task_kwargs={"numbered": True, "error_rate": 0.5},
+        # Clicks answered by number (one token); the search names the category alone (the tiny model
+        # garbles a query copied out of the instruction: agent_r1/tasks/shop.py). WebShop's score.
+        task_kwargs={"numbered": True, "error_rate": 0.5, "query": "category"},
         columns={"test": "WebShop score"},
         max_tokens=72,
         metric="score",
@@ -378,7 +379,7 @@ def print_table(summary: dict, tasks: list[str], rows: list[str]) -> None:
         split = next(iter(TASKS[name].columns))
         means = {row: summary[name][row][split]["mean"] for row in rl}
         ranked = sorted(rl, key=lambda row: -means[row])
-        ranking = " > ".join(ranked) if len(set(means.values())) > 1 else "all equal"
+        ranking = " > ".join(ranked) if len(rl) == 1 or len(set(means.values())) > 1 else "all equal"
         every = all(
             summary[name][row][s]["above_no_rl_every_seed"] for row in rl for s in TASKS[name].columns
         )

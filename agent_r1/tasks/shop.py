@@ -433,21 +433,39 @@ def _shortest(goal: Goal) -> int:
     return 3 + len(goal.options)  # search, click the product, one click per option, buy
 
 
-def demonstrator_query(goal: Goal) -> str:
-    """The demonstrator's query: the goal's attributes and category."""
-    return " ".join((*goal.attributes, goal.category))
+QUERIES = ("goal", "category")
 
 
-def _next_action(shop: Shop, *, forget_last_option: bool) -> str | None:
-    """The next action of the demonstrator's solution from ``shop`` (None when its search lists no
-    product that satisfies the goal), skipping the goal's last option when ``forget_last_option``."""
+def demonstrator_query(goal: Goal, query: str = "goal") -> str:
+    """The demonstrator's query: the goal's attributes and category (``"goal"``), or the category
+    alone (``"category"``: one of 12 strings, for a model that cannot copy words out of the
+    instruction)."""
+    if query not in QUERIES:
+        raise ValueError(f"shop: query must be one of {', '.join(QUERIES)}, got {query!r}")
+    return goal.category if query == "category" else " ".join((*goal.attributes, goal.category))
+
+
+def _offered(goal: Goal, product: Product) -> dict[str, str]:
+    """The goal's options that ``product`` offers (group -> value)."""
+    return {g: v for g, v in goal.options.items() if v in product.options.get(g, ())}
+
+
+def _next_action(shop: Shop, *, forget_last_option: bool, query: str = "goal") -> str | None:
+    """The next action of the demonstrator's solution from ``shop``, skipping the goal's last option
+    when ``forget_last_option``. On a results page it clicks the first product that satisfies the
+    goal, or when none is listed (possible for a ``"category"`` query) the listed product whose
+    purchase, with the goal's options it offers, is worth most (None when nothing is listed)."""
     goal = shop.goal
     if shop.page == "search":
-        return f"search[{demonstrator_query(goal)}]"
+        return f"search[{demonstrator_query(goal, query)}]"
     if shop.page == "results":
         right = [p for p in shop.results if satisfies(p, goal)]
+        if not right:
+            right = sorted(shop.results, key=lambda p: -purchase_reward(goal, p, _offered(goal, p)))
         return f"click[{right[0].id}]" if right else None
-    wanted = list(goal.options.items())[: len(goal.options) - forget_last_option]
+    assert shop.item is not None
+    wanted = list(_offered(goal, shop.item).items())
+    wanted = wanted[: len(wanted) - forget_last_option]
     missing = [v for g, v in wanted if shop.chosen.get(g) != v]
     return f"click[{missing[0]}]" if missing else BUY
 
@@ -578,22 +596,29 @@ def make_dataset(
 
 
 def demonstrate(
-    task: Mapping[str, Any], rng: random.Random, *, error_rate: float = 0.5, numbered: bool = False
+    task: Mapping[str, Any],
+    rng: random.Random,
+    *,
+    error_rate: float = 0.5,
+    numbered: bool = False,
+    query: str = "goal",
 ) -> list[str]:
     """The actions of one demonstration, played to the episode's end (a purchase or out of budget).
 
     Search with the goal's attributes and category, click the first result that satisfies the goal,
     select each goal option and buy, except that with probability ``error_rate`` it forgets the last
     option and buys one click early. See the module docstring. ``numbered``: each click is answered
-    by its number in the listed actions instead of its text (the search stays text).
+    by its number in the listed actions instead of its text (the search stays text). ``query``: what
+    it searches for (``demonstrator_query``).
     """
     if not 0.0 <= error_rate <= 1.0:
         raise ValueError(f"shop: error_rate must be in [0, 1], got {error_rate}")
+    demonstrator_query(Goal("mug", (), {}, 1.0), query)  # an unknown query raises here
     shop, budget = shop_of(task)
     forget = rng.random() < error_rate
     actions: list[str] = []
     while shop.bought is None and len(actions) < budget:
-        action = _next_action(shop, forget_last_option=forget)
+        action = _next_action(shop, forget_last_option=forget, query=query)
         if action is None:
             break
         admissible = shop.admissible()
@@ -603,15 +628,17 @@ def demonstrate(
     return actions
 
 
-def build_task(*, numbered: bool = False, error_rate: float = 0.5):
+def build_task(*, numbered: bool = False, error_rate: float = 0.5, query: str = "goal"):
     """The ``shop`` entry of ``agent_r1.tasks.TASKS``: an ``AgentEnv`` task (no tools; the env reads
     the response as one action, its text or a click's number in the list, and rewards the
     purchase). ``numbered``: the demonstrator answers clicks with numbers (one token instead of
-    copying ~15 characters); ``error_rate``: its habit's rate."""
+    copying ~15 characters); ``error_rate``: its habit's rate; ``query``: what it searches for
+    (``demonstrator_query``)."""
     from agent_r1.tasks import TaskSpec
 
     if not 0.0 <= error_rate <= 1.0:
         raise ValueError(f"shop: error_rate must be in [0, 1], got {error_rate}")
+    demonstrator_query(Goal("mug", (), {}, 1.0), query)  # an unknown query raises here
 
     most_options = max(len(c.options) for c in CATEGORIES.values())
     return TaskSpec(
@@ -621,7 +648,7 @@ def build_task(*, numbered: bool = False, error_rate: float = 0.5):
         tool_format=lambda: None,
         extract_answer=parse_action,
         reward=lambda answer, task: 0.0,  # the env rewards the purchase; no answer is scored apart
-        demonstrate=functools.partial(demonstrate, error_rate=error_rate, numbered=numbered),
+        demonstrate=functools.partial(demonstrate, error_rate=error_rate, numbered=numbered, query=query),
         max_turns=3 + most_options + DEFAULT_SLACK,
         make_env=make_env,
         required_fields=REQUIRED_FIELDS,

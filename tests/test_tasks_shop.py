@@ -192,6 +192,26 @@ def test_the_demonstrators_habit_forgets_the_last_option_for_partial_credit():
         assert f"click[{list(task['options'].values())[-1]}]" not in actions
 
 
+def test_the_category_demonstrator_searches_the_category_and_buys_the_best_listed_product():
+    """``query="category"``: one of 12 strings to write; when its results hold no product that
+    satisfies the goal it buys the one worth most, with the goal's options that product offers."""
+    best_of_page, right = [], 0
+    for task in sh.make_dataset(200, split="train", seed=4):
+        goal = goal_of(task)
+        actions = sh.demonstrate(task, random.Random(0), error_rate=0.0, query="category")
+        assert actions[0] == f"search[{task['category']}]"
+        _, results = play(task, actions)
+        listed = sh.search(task["category"])
+        offered = [{g: v for g, v in goal.options.items() if v in p.options.get(g, ())} for p in listed]
+        worth = [sh.purchase_reward(goal, p, chosen) for p, chosen in zip(listed, offered, strict=True)]
+        assert results[-1].terminated and results[-1].outcome_reward == pytest.approx(max(worth)), task["id"]
+        right += results[-1].outcome_reward == 1.0
+        best_of_page.append(max(worth))
+    assert 0 < right < 200 and min(best_of_page) > 0  # some pages hold no right product; none is worthless
+    with pytest.raises(ValueError, match="query must be one of goal, category"):
+        sh.build_task(query="title")
+
+
 def test_numbered_replies_play_the_same_episodes_as_text():
     """A listed click's number (``3`` or ``3.``) stands for it; a number past the list, or on the
     search page, is not admissible. The numbered demonstrator plays the text one's actions."""

@@ -46,6 +46,13 @@ after the others. Every goal names an option, so the habit always costs reward, 
 item page, one option short), which a model cloned from it repeats and RL can fix. On 1,000 train
 tasks (seed 0): success 0.49 and mean reward 0.87 at the default 0.5; 0.60 and 0.89 at 0.4; 1.00
 at 0; 0.00 and 0.73 at 1.
+
+``query="category"`` makes it search the category alone (``search[desk chair]``): the tiny model,
+warm-started on the goal's query (800 numbered demonstrations x 3 epochs, seed 0), garbles it
+(``search[leather c camontase mug]`` for a desk chair) and scores 1.1 (x100) held out, 1.3 after
+GRPO; the category is one of 12 strings to write. Its results then hold a product that satisfies
+the goal for 58% of the tasks; otherwise it buys the listed product worth most, with the goal's
+options it offers: success 0.58 and mean reward 0.88 at error_rate 0, 0.29 and 0.75 at 0.5.
 """
 
 from __future__ import annotations

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_r1.envs.base import AgentEnv
+from agent_r1.tasks.listed_actions import check_env_arguments, listed_action, out_of_budget
 from agent_r1.types import Action, Observation, StepResult
 
 __all__ = [
@@ -298,13 +299,8 @@ def parse_action(text: str) -> str:
 
 
 def chosen_action(room: Room, response: str) -> str:
-    """The action a parsed response names: a listed action's number (``3``, ``3.``) stands for that
-    action; anything else is read as the action's text."""
-    number = response.removesuffix(".")
-    admissible = room.admissible()
-    if number.isdigit() and 1 <= int(number) <= len(admissible):
-        return admissible[int(number) - 1]
-    return response
+    """The action a parsed response names (``listed_action`` over the admissible actions)."""
+    return listed_action(room.admissible(), response)
 
 
 def room_of(task: Mapping[str, Any]) -> tuple[Room, int]:
@@ -445,7 +441,7 @@ class HouseholdEnv(AgentEnv):
         if self.room.satisfied():
             return StepResult(None, terminated=True, outcome_reward=1.0, info={**info, "success": True})
         if self.actions >= self.budget:
-            return StepResult(None, truncated=True, outcome_reward=0.0, info={**info, "success": False})
+            return out_of_budget(info)
         return StepResult(self._observation(feedback), info=info)
 
 
@@ -454,10 +450,7 @@ def make_env(tokenizer: Any = None, *, max_turns: int | None = None, **kwargs: A
     ``max_turns``: a cap on every episode's actions below the row's budget (None: the budget alone).
 
     Usable as ``env.name: agent_r1.tasks.household:make_env`` in a training config."""
-    if kwargs:
-        raise ValueError(f"household: make_env takes only max_turns, got {sorted(kwargs)}")
-    if max_turns is not None and max_turns < 1:
-        raise ValueError(f"household: max_turns must be >= 1, got {max_turns}")
+    check_env_arguments("household", max_turns, kwargs)
     return HouseholdEnv(max_turns)
 
 

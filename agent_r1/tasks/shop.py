@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_r1.envs.base import AgentEnv
+from agent_r1.tasks.listed_actions import check_env_arguments, listed_action, out_of_budget
 from agent_r1.types import Action, Observation, StepResult
 
 __all__ = [
@@ -391,13 +392,8 @@ def parse_action(text: str) -> str:
 
 
 def chosen_action(shop: Shop, response: str) -> str:
-    """The action a parsed response names: a listed action's number (``3``, ``3.``) stands for that
-    action; anything else is read as the action's text."""
-    number = response.removesuffix(".")
-    admissible = shop.admissible()
-    if number.isdigit() and 1 <= int(number) <= len(admissible):
-        return admissible[int(number) - 1]
-    return response
+    """The action a parsed response names (``listed_action`` over the admissible actions)."""
+    return listed_action(shop.admissible(), response)
 
 
 def shop_of(task: Mapping[str, Any]) -> tuple[Shop, int]:
@@ -521,7 +517,7 @@ class ShopEnv(AgentEnv):
                 None, terminated=True, outcome_reward=reward, info={**info, "success": reward == 1.0}
             )
         if self.actions >= self.budget:
-            return StepResult(None, truncated=True, outcome_reward=0.0, info={**info, "success": False})
+            return out_of_budget(info)
         return StepResult(self._observation(feedback), info=info)
 
 
@@ -530,10 +526,7 @@ def make_env(tokenizer: Any = None, *, max_turns: int | None = None, **kwargs: A
     ``max_turns``: a cap on every episode's actions below the row's budget (None: the budget alone).
 
     Usable as ``env.name: agent_r1.tasks.shop:make_env`` in a training config."""
-    if kwargs:
-        raise ValueError(f"shop: make_env takes only max_turns, got {sorted(kwargs)}")
-    if max_turns is not None and max_turns < 1:
-        raise ValueError(f"shop: max_turns must be >= 1, got {max_turns}")
+    check_env_arguments("shop", max_turns, kwargs)
     return ShopEnv(max_turns)
 
 

@@ -224,11 +224,15 @@ def test_numbered_replies_play_the_same_episodes_as_text():
     for task in sh.make_dataset(40, split="test", seed=3):
         texts = sh.demonstrate(task, random.Random(5), error_rate=0.5)
         numbers = sh.demonstrate(task, random.Random(5), error_rate=0.5, numbered=True)
+        mixed = sh.demonstrate(task, random.Random(5), error_rate=0.5, numbered=True, options_by_text=True)
         assert numbers[0] == texts[0] and all(n.isdigit() for n in numbers[1:])
+        options = {f"click[{v}]" for v in task["options"].values()}
+        assert mixed == [t if t in options else n for t, n in zip(texts, numbers, strict=True)]
         _, by_text = play(task, texts)
-        _, by_number = play(task, numbers)
-        assert [r.info["action"] for r in by_number] == [r.info["action"] for r in by_text]
-        assert by_number[-1].outcome_reward == by_text[-1].outcome_reward
+        for replies in (numbers, mixed):
+            _, by_number = play(task, replies)
+            assert [r.info["action"] for r in by_number] == [r.info["action"] for r in by_text]
+            assert by_number[-1].outcome_reward == by_text[-1].outcome_reward
 
 
 def test_a_copied_listing_line_reads_as_its_action():

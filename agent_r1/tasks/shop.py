@@ -602,6 +602,7 @@ def demonstrate(
     error_rate: float = 0.5,
     numbered: bool = False,
     query: str = "goal",
+    options_by_text: bool = False,
 ) -> list[str]:
     """The actions of one demonstration, played to the episode's end (a purchase or out of budget).
 
@@ -609,7 +610,9 @@ def demonstrate(
     select each goal option and buy, except that with probability ``error_rate`` it forgets the last
     option and buys one click early. See the module docstring. ``numbered``: each click is answered
     by its number in the listed actions instead of its text (the search stays text). ``query``: what
-    it searches for (``demonstrator_query``).
+    it searches for (``demonstrator_query``). ``options_by_text``: with ``numbered``, an option is
+    still clicked by its value (``click[blue]``: a word of the instruction, where its number is a
+    look-up in the list).
     """
     if not 0.0 <= error_rate <= 1.0:
         raise ValueError(f"shop: error_rate must be in [0, 1], got {error_rate}")
@@ -622,18 +625,23 @@ def demonstrate(
         if action is None:
             break
         admissible = shop.admissible()
-        listed = str(admissible.index(action) + 1) if numbered and action in admissible else action
+        option = shop.page == "item" and action not in (BACK, PREV, BUY)
+        by_number = numbered and action in admissible and not (options_by_text and option)
+        listed = str(admissible.index(action) + 1) if by_number else action
         shop.apply(action)
         actions.append(listed)
     return actions
 
 
-def build_task(*, numbered: bool = False, error_rate: float = 0.5, query: str = "goal"):
+def build_task(
+    *, numbered: bool = False, error_rate: float = 0.5, query: str = "goal", options_by_text: bool = False
+):
     """The ``shop`` entry of ``agent_r1.tasks.TASKS``: an ``AgentEnv`` task (no tools; the env reads
     the response as one action, its text or a click's number in the list, and rewards the
     purchase). ``numbered``: the demonstrator answers clicks with numbers (one token instead of
     copying ~15 characters); ``error_rate``: its habit's rate; ``query``: what it searches for
-    (``demonstrator_query``)."""
+    (``demonstrator_query``); ``options_by_text``: options clicked by their value even when
+    ``numbered`` (``demonstrate``)."""
     from agent_r1.tasks import TaskSpec
 
     if not 0.0 <= error_rate <= 1.0:
@@ -648,7 +656,13 @@ def build_task(*, numbered: bool = False, error_rate: float = 0.5, query: str = 
         tool_format=lambda: None,
         extract_answer=parse_action,
         reward=lambda answer, task: 0.0,  # the env rewards the purchase; no answer is scored apart
-        demonstrate=functools.partial(demonstrate, error_rate=error_rate, numbered=numbered, query=query),
+        demonstrate=functools.partial(
+            demonstrate,
+            error_rate=error_rate,
+            numbered=numbered,
+            query=query,
+            options_by_text=options_by_text,
+        ),
         max_turns=3 + most_options + DEFAULT_SLACK,
         make_env=make_env,
         required_fields=REQUIRED_FIELDS,

@@ -344,6 +344,9 @@ def summarise(runs: dict[int, dict], rows: list[str], table_task: TableTask) -> 
                 "min": min(values),
                 "max": max(values),
                 "above_no_rl_every_seed": all(above) if row != NO_RL else None,
+                "gain_per_seed": [
+                    100 * (runs[s][row][split][metric] - runs[s][NO_RL][split][metric]) for s in runs
+                ],
             }
             if metric != "success":
                 out[row][split]["success"] = statistics.fmean(
@@ -393,6 +396,11 @@ def print_table(summary: dict, tasks: list[str], rows: list[str]) -> None:
             + (f" (paper, {paper_column}: {' > '.join(paper_ranking)})" if paper_ranking else "")
             + "; seconds of RL per row: "
             + ", ".join(f"{row} {summary[name][row]['train_seconds']:.0f}" for row in rl)
+            + f"; gain over no RL per seed, on {split}: "
+            + ", ".join(
+                f"{row} " + "/".join(f"{g:+.1f}" for g in summary[name][row][split]["gain_per_seed"])
+                for row in rl
+            )
         )
 
 

@@ -622,3 +622,4 @@ def test_paper_table_scores_a_graded_task_by_its_mean_reward(monkeypatch, capsys
     assert table_row(out, "no RL")[1] == "45.0 (40.0-50.0) [51.6], success 15.0 [23.8]"
     assert table_row(out, "GRPO")[1] == "65.0 (60.0-70.0) [65.8], success 10.0 [44.2]"
     assert "shop: every RL row above no RL in every seed: yes" in out
+    assert out.rstrip().endswith("gain over no RL per seed, on test: GRPO +10.0/+30.0")

@@ -338,15 +338,13 @@ def summarise(runs: dict[int, dict], rows: list[str], table_task: TableTask) -> 
         out[row] = {}
         for split in table_task.columns:
             values = [100 * runs[s][row][split][metric] for s in runs]
-            above = [runs[s][row][split][metric] > runs[s][NO_RL][split][metric] for s in runs]
+            gains = [100 * (runs[s][row][split][metric] - runs[s][NO_RL][split][metric]) for s in runs]
             out[row][split] = {
                 "mean": statistics.fmean(values),
                 "min": min(values),
                 "max": max(values),
-                "above_no_rl_every_seed": all(above) if row != NO_RL else None,
-                "gain_per_seed": [
-                    100 * (runs[s][row][split][metric] - runs[s][NO_RL][split][metric]) for s in runs
-                ],
+                "above_no_rl_every_seed": all(g > 0 for g in gains) if row != NO_RL else None,
+                "gain_per_seed": gains,
             }
             if metric != "success":
                 out[row][split]["success"] = statistics.fmean(

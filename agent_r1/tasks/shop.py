@@ -443,12 +443,16 @@ def _shortest(goal: Goal) -> int:
 QUERIES = ("goal", "category")
 
 
+def _check_query(query: str) -> None:
+    if query not in QUERIES:
+        raise ValueError(f"shop: query must be one of {', '.join(QUERIES)}, got {query!r}")
+
+
 def demonstrator_query(goal: Goal, query: str = "goal") -> str:
     """The demonstrator's query: the goal's attributes and category (``"goal"``), or the category
     alone (``"category"``: one of 12 strings, for a model that cannot copy words out of the
     instruction)."""
-    if query not in QUERIES:
-        raise ValueError(f"shop: query must be one of {', '.join(QUERIES)}, got {query!r}")
+    _check_query(query)
     return goal.category if query == "category" else " ".join((*goal.attributes, goal.category))
 
 
@@ -620,7 +624,7 @@ def demonstrate(
     """
     if not 0.0 <= error_rate <= 1.0:
         raise ValueError(f"shop: error_rate must be in [0, 1], got {error_rate}")
-    demonstrator_query(Goal("mug", (), {}, 1.0), query)  # an unknown query raises here
+    _check_query(query)
     shop, budget = shop_of(task)
     forget = rng.random() < error_rate
     actions: list[str] = []
@@ -650,7 +654,7 @@ def build_task(
 
     if not 0.0 <= error_rate <= 1.0:
         raise ValueError(f"shop: error_rate must be in [0, 1], got {error_rate}")
-    demonstrator_query(Goal("mug", (), {}, 1.0), query)  # an unknown query raises here
+    _check_query(query)
 
     most_options = max(len(c.options) for c in CATEGORIES.values())
     return TaskSpec(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import types
 
 import pytest
@@ -11,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from agent_r1.rollout import HFEngine, cascade
+from agent_r1.models.tiny import build_tiny_model
+from agent_r1.rollout import HFEngine, cascade, packed_linear
 from agent_r1.types import SamplingParams
 
 BLOCKED = torch.finfo(torch.float32).min
@@ -42,13 +44,15 @@ def _module(layer: int = 0):
     return types.SimpleNamespace(layer_idx=layer)
 
 
-def _case(seed: int, S: int, with_window: bool):
+def _case(seed: int, S: int, with_window: bool, dtype: torch.dtype = torch.float32):
     """Six rows (grouped-query heads: 4 query, 2 KV), left-padded own keys of different spans, two
-    blocks of different lengths shared by rows 0-2 and 3-4, row 5 without one."""
+    blocks of different lengths shared by rows 0-2 and 3-4, row 5 without one. ``dtype``: the type
+    the keys and values are held in (the reference computes in fp32 over the query rounded to it)."""
     g = torch.Generator().manual_seed(seed)
     B, H, KV, T, D = 6, 4, 2, 12, 8
     query = torch.randn(B, H, S, D, generator=g)
     own_k, own_v = torch.randn(B, KV, T, D, generator=g), torch.randn(B, KV, T, D, generator=g)
+    own_k, own_v = own_k.to(dtype), own_v.to(dtype)
     spans = [3, 12, 5, 1 + S, 9, 7]
     allowed = torch.zeros(B, S, T, dtype=torch.bool)
     for b, span in enumerate(spans):
@@ -56,7 +60,9 @@ def _case(seed: int, S: int, with_window: bool):
             allowed[b, s, T - span : T - S + s + 1] = True
     allowed[2, :, T - 4] = False  # a gap inside a row (a reused turn and its suffix, padded apart)
     blocks = [
-        cascade.Block([torch.randn(KV, n, D, generator=g)], [torch.randn(KV, n, D, generator=g)])
+        cascade.Block(
+            [torch.randn(KV, n, D, generator=g).to(dtype)], [torch.randn(KV, n, D, generator=g).to(dtype)]
+        )
         for n in (5, 9)
     ]
     row_blocks = [blocks[0]] * 3 + [blocks[1]] * 2 + [None]
@@ -67,11 +73,11 @@ def _case(seed: int, S: int, with_window: bool):
         window = cascade.Window(recent, max(spans), torch.tensor(rows))
     mask = torch.zeros(B, 1, S, T).masked_fill_(~allowed[:, None], BLOCKED)
     reference = dense_reference(
-        query,
-        own_k,
-        own_v,
+        query.to(dtype).float(),
+        own_k.float(),
+        own_v.float(),
         allowed,
-        [None if b is None else (b.keys[0], b.values[0]) for b in row_blocks],
+        [None if b is None else (b.keys[0].float(), b.values[0].float()) for b in row_blocks],
         0.3,
     )
     return query, own_k, own_v, mask, cascade.CascadePlan(plan, window), reference
@@ -95,6 +101,38 @@ def test_a_prefill_with_blocks_gives_the_dense_softmax(mask_kind):
     query, k, v, mask, plan, reference = _case(3, S=3, with_window=False)
     given_mask = mask if mask_kind == "float" else mask == 0
     out, _ = cascade.cascade_attention(_module(), query, k, v, given_mask, scaling=0.3, cascade=plan)
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("S", [1, 3])
+def test_a_bf16_kv_cache_is_attended_in_bf16_within_its_rounding(S):
+    """The engine's bf16 KV cache (a bf16 sampler on the CPU) at a decode step's few queries per KV
+    head: the queries are rounded to bf16 and the attention's products compute in it (blocks, window
+    and merges included); the result comes back fp32.
+
+    Against the dense softmax over the same rounded query, keys and values in fp32, each output may
+    differ by: the scores rounded to bf16 (relative 2^-8 each, so each softmax weight moves by at most
+    exp(2 x 2^-8 x max|score|) - 1, ~2.1 x 2^-8 x max|score|, in the weights of both a part and the
+    merge of parts), the weights rounded to bf16 before they multiply the values (2^-8), and the
+    outputs rounded to bf16 (each part's, the merged one's, the last one's: 3 x 2^-8 of |output| <=
+    max|value|). So at most max|value| x 2^-8 x (4.2 x max|score| + 4)."""
+    query, keys, values, mask, plan, reference = _case(5 + S, S=S, with_window=S == 1, dtype=torch.bfloat16)
+    out, _ = cascade.cascade_attention(_module(), query, keys, values, mask, scaling=0.3, cascade=plan)
+    assert out.dtype == torch.float32 and out.shape == reference.shape
+    every_key = torch.cat([keys.flatten(0, 2), plan.blocks.keys[0].flatten(0, 2)]).float()
+    max_score = 0.3 * float((query.to(torch.bfloat16).float().flatten(0, 2) @ every_key.T).abs().max())
+    every_value = torch.cat([values.flatten(0, 2), plan.blocks.values[0].flatten(0, 2)])
+    bound = float(every_value.float().abs().max()) * 2.0**-8 * (4.2 * max_score + 4)
+    assert float((out - reference).abs().max()) <= bound
+    assert not torch.allclose(out, reference, atol=1e-6, rtol=0)  # it did compute in bf16
+
+
+def test_a_bf16_kv_cache_with_many_queries_is_attended_in_fp32(monkeypatch):
+    """A prefill's many queries per KV head run the CPU flash kernel in fp32 over the bf16 keys and
+    values widened (faster there than its bf16 path): the fp32 softmax over the rounded values."""
+    monkeypatch.setattr(cascade, "NARROW_PRODUCT_QUERIES", 4)  # the case: 2 query heads per KV head x 3 > 4
+    query, keys, values, mask, plan, reference = _case(8, S=3, with_window=False, dtype=torch.bfloat16)
+    out, _ = cascade.cascade_attention(_module(), query, keys, values, mask, scaling=0.3, cascade=plan)
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
 
 
@@ -168,13 +206,10 @@ def learner_logprobs(model, prompt, token_ids) -> torch.Tensor:
     return logits.log_softmax(-1)[positions, ids[0, len(prompt) :]]
 
 
-def test_groups_turns_and_long_rows_match_the_learner(tiny_checkpoint):
+def groups_turns_and_long_rows(engine) -> list[tuple[tuple[int, ...], object]]:
     """GRPO groups sharing prompts, their next turns reusing the stored KV with its block, and one
-    long row beside them (so decode steps split off its older columns): every row's log-probs equal
-    the learner's unpadded recomputation, and blocks and windows were both used."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
-    engine = PlanSpyEngine(model, eos_token_ids=())
-    assert engine.cascade_attention
+    long row beside them (so decode steps split off its older columns), on ``engine``: each turn's
+    (prompt, completion)."""
     checks = []
 
     async def member(prompt, seed):
@@ -200,11 +235,55 @@ def test_groups_turns_and_long_rows_match_the_learner(tiny_checkpoint):
         await asyncio.gather(*tasks)
 
     asyncio.run(main())
+    return checks
+
+
+def test_groups_turns_and_long_rows_match_the_learner(tiny_checkpoint):
+    """Every row's log-probs equal the learner's unpadded recomputation, and blocks and windows were
+    both used."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    engine = PlanSpyEngine(model, eos_token_ids=())
+    assert engine.cascade_attention
+    checks = groups_turns_and_long_rows(engine)
     assert engine.with_blocks and engine.with_window and engine.prefix_hits == 7
     for prompt, done in checks:
         assert done.error is None and len(done.token_ids) >= 6
         gap = (learner_logprobs(model, prompt, done.token_ids) - torch.tensor(done.logprobs)).abs().max()
         assert gap < 1e-4, (len(prompt), float(gap))
+
+
+@pytest.mark.skipif(
+    not packed_linear.narrow_type_available(torch.bfloat16), reason="no oneDNN bf16 linear on this CPU"
+)
+def test_a_bf16_engine_holds_its_kv_in_bf16_through_blocks_windows_and_turns():
+    """The same groups, turns and long row on a bf16 sampler (a model with packed layers): its KV
+    cache is bf16 and every forward attends to it through cascade attention (blocks, windows and
+    stored turns included); the log-probs carry bf16's rounding (the attention's own error is bounded
+    in ``test_a_bf16_kv_cache_is_attended_in_bf16_within_its_rounding``, the run's against the
+    learner is what ``mismatch/*`` reports)."""
+    torch.manual_seed(0)
+    model = build_tiny_model(300, hidden_size=512, num_layers=2, intermediate_size=1024).eval()
+    engine = PlanSpyEngine(model, eos_token_ids=(), compute_dtype=torch.bfloat16)
+    assert engine.kv_dtype == torch.bfloat16
+    layers = []
+    forward = engine._scheduler._forward
+
+    def spied_forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan=None, **kwargs):
+        assert plan is not None  # a narrow cache is never attended by plain sdpa
+        out = forward(input_ids_BS, mask_BT, position_ids_BS, cache, plan, **kwargs)
+        layers.extend(layer.keys.dtype for layer in cache.layers)
+        return out
+
+    engine._scheduler._forward = spied_forward
+    checks = groups_turns_and_long_rows(engine)
+    assert engine.with_blocks and engine.with_window and engine.prefix_hits == 7
+    assert set(layers) == {torch.bfloat16}
+    gaps = []
+    for prompt, done in checks:
+        assert done.error is None and len(done.token_ids) >= 6
+        assert all(math.isfinite(x) and x <= 0 for x in done.logprobs)
+        gaps.append((learner_logprobs(model, prompt, done.token_ids) - torch.tensor(done.logprobs)).abs())
+    assert float(torch.cat(gaps).max()) > 1e-4  # not the fp32 computation (its gap is below 1e-4)
 
 
 def test_a_layer_asking_for_more_than_softmax_is_refused_by_name():

@@ -22,6 +22,12 @@ Installed as a route of Hugging Face's ``sdpa`` attention function (``install``)
 passes ``cascade=`` (a ``CascadePlan``) takes this path, every other forward runs what was registered
 before. Models whose attention is not plain softmax over the mask (a sliding window, logit
 soft-capping, attention sinks) never get a plan (``plain_attention``).
+
+A narrow KV cache (the HF engine's bf16 sampler on the CPU keeps its keys and values in bf16,
+``agent_r1.rollout.kv_cache``) is attended here in every forward, with an empty plan where there is
+nothing to split: the queries are rounded to the cache's type, a decode step's products compute in
+it (``_attend``), the log-sum-exps and merges stay fp32, and the output comes back in the queries'
+type.
 """
 
 from __future__ import annotations
@@ -51,6 +57,11 @@ __all__ = [
 GATHER_COST = 3
 """What a key read through a gather costs against one read in place (``choose_window``): it is copied
 (read, written) and then read by the attention."""
+
+
+NARROW_PRODUCT_QUERIES = 16
+"""Up to this many queries per KV head and row, a narrow (bf16 / fp16) KV cache is attended through
+batched products rather than the CPU flash kernel (``_attend``)."""
 
 
 class Block:
@@ -193,12 +204,24 @@ def choose_window(spans: Sequence[int]) -> tuple[int, list[int]] | None:
 
 def _attend(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: float) -> tuple[Tensor, Tensor]:
     """Softmax attention with its log-sum-exp: query (N, KV, Q, D) against key / value (N, KV, K, D)
-    under an additive ``mask`` broadcast to (N, KV, Q, K); -> output (N, KV, Q, D), lse (N, KV, Q)."""
+    under an additive ``mask`` broadcast to (N, KV, Q, K); -> output (N, KV, Q, D), lse (N, KV, Q).
+
+    On the CPU, PyTorch's flash kernel in fp32. A narrow KV cache (bf16) is attended there too when
+    a row has many queries per KV head (a prefill's), over its keys and values widened to fp32: the
+    flash kernel ran ~1.3x slower in bf16 than in fp32 at SmolLM2's prefill shapes. A decode step's
+    few queries (at most ``NARROW_PRODUCT_QUERIES``) take the two batched products below in the
+    narrow type instead: there the flash kernel ran 4-5x slower than oneDNN's bf16 products (32 rows
+    x 3 KV heads x 3 queries x 300 keys: ~2.7 ms against ~0.6 ms at one thread). The products write
+    their scores in the narrow type (bf16 keeps 8 significant bits), then the softmax runs in fp32.
+    The cache's keys are a view with spare columns, which the products would copy through a
+    transposing copy per call: one plain copy first is several times cheaper."""
     if query.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, 0.0, False, attn_mask=mask, scale=scaling
-        )
-        return out, lse.float()
+        if query.dtype == torch.float32 or query.shape[2] > NARROW_PRODUCT_QUERIES:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query.float(), key.float(), value.float(), 0.0, False, attn_mask=mask, scale=scaling
+            )
+            return out, lse.float()
+        key, value = key.contiguous(), value.contiguous()
     scores = torch.matmul(query, key.transpose(-1, -2)).float().mul_(scaling).add_(mask)
     peak = scores.amax(dim=-1, keepdim=True)
     weights = (scores - peak).exp_()
@@ -269,8 +292,9 @@ def cascade_attention(
     groups = H // kv_heads
     scaling = D**-0.5 if scaling is None else scaling
     # The query heads of one KV head stacked as that head's queries (grouped-query attention reads
-    # each key once): (B, KV, G*S, D), slot g*S + s.
-    query_BKQD = query.reshape(B, kv_heads, groups * S, D)
+    # each key once): (B, KV, G*S, D), slot g*S + s. A narrow KV cache (the engine's bf16 sampler on
+    # the CPU) is attended in its type: the queries are rounded to it.
+    query_BKQD = query.reshape(B, kv_heads, groups * S, D).to(key.dtype)
     mask = _additive_mask(attention_mask, S, T, query)
     if S > 1 and groups > 1:
         mask = mask.repeat(1, 1, groups, 1)
@@ -292,7 +316,7 @@ def cascade_attention(
             cascade.blocks.rows_N,
             *_attend_blocks(query_BKQD, cascade.blocks, module.layer_idx, scaling),
         )
-    return out.reshape(B, H, S, D).transpose(1, 2).contiguous(), None
+    return out.reshape(B, H, S, D).transpose(1, 2).to(query.dtype).contiguous(), None
 
 
 def install() -> None:

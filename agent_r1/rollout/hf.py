@@ -170,6 +170,11 @@ class HFEngine:
     weight's packed copy in it, input rounded to it, result fp32; everything else, the LM head
     included unless ``narrow_head``, fp32; on a GPU the forwards run under autocast in it). The
     effective type is ``self.compute_dtype`` (fp32 when no layer is packed, e.g. a tiny model).
+    ``narrow_attention`` (default on): with a narrower ``compute_dtype`` on the CPU, the KV cache
+    holds keys and values in it, and a decode step attends in it (``agent_r1.rollout.cascade``: its
+    scores in it too, the softmax fp32; a prefill in fp32 over the narrow keys), as vLLM's do;
+    ``self.kv_dtype`` says what the cache holds. Off, or for models whose attention is more than
+    plain softmax, or in the batch-invariant mode, attention stays fp32.
 
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the
@@ -195,6 +200,7 @@ class HFEngine:
         packed_linears: bool | None = None,
         compute_dtype: torch.dtype | str = torch.float32,
         narrow_head: bool = False,
+        narrow_attention: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
@@ -243,7 +249,22 @@ class HFEngine:
                 "sinks are not supported either)"
             )
         self.cascade_attention = can_share if cascade_attention is None else cascade_attention
-        if self.cascade_attention:
+        # on the CPU a narrow sampler keeps its KV cache, and attends to it, in its type (GPU: autocast)
+        kv_dtype = None
+        if (
+            narrow_attention
+            and self.device.type == "cpu"
+            and self.compute_dtype in packed_linear.NARROW_TYPES
+            and parameters == torch.float32
+            and can_share
+            and not batch_invariant
+        ):
+            kv_dtype = self.compute_dtype
+        if self.device.type != "cpu":
+            self.kv_dtype = self.compute_dtype  # (autocast's)
+        else:
+            self.kv_dtype = parameters if kv_dtype is None else kv_dtype
+        if self.cascade_attention or kv_dtype is not None:
             cascade.install()
         self.prefill_seconds = 0.0
         self.decode_seconds = 0.0
@@ -259,6 +280,7 @@ class HFEngine:
             finish=self._finish,
             batch_invariant=batch_invariant,
             linears=linears,
+            kv_dtype=kv_dtype,
         )
         self._waiting: list[Request] = []
         self._wakeup = threading.Condition()

@@ -141,7 +141,9 @@ class Scheduler:
     Every argument is ``HFEngine``'s setting of the same name (``attn_implementation``: the model's
     attention kernel; ``finish``: the engine's hand-back to callers; ``batch_invariant``: decode as
     ``agent_r1.rollout.batch_invariant`` says, every row's result independent of its batch;
-    ``linears``: the engine's ``PackedLinears``, entered around every forward; None: none).
+    ``linears``: the engine's ``PackedLinears``, entered around every forward; None: none;
+    ``kv_dtype``: the type the KV cache holds, attended by ``cascade.cascade_attention`` in it; None:
+    the model's own).
     ``prefix_hits`` counts prompts that reused a stored sequence's KV; ``shared_prefills`` counts
     prompts that joined together with an identical one and were prefilled once for both;
     ``decode_steps`` counts decode forwards. Not thread-safe: the engine calls ``step`` from its
@@ -162,8 +164,10 @@ class Scheduler:
         finish: Finish,
         batch_invariant: bool = False,
         linears: PackedLinears | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
+        self.kv_dtype = kv_dtype
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.eos_token_ids = eos_token_ids
@@ -235,6 +239,15 @@ class Scheduler:
                 **self._adapter_names(adapters),
             )
         return out.logits[:, -1, :]  # (B, V)
+
+    def _plan(
+        self, blocks: cascade.BlockPlan | None, window: cascade.Window | None
+    ) -> cascade.CascadePlan | None:
+        """The forward's cascade plan; an empty one, rather than none, when the KV cache is narrow
+        (cascade attention is then what attends to it, in its type)."""
+        if blocks is None and window is None and self.kv_dtype is None:
+            return None
+        return cascade.CascadePlan(blocks, window)
 
     def _adapter_names(self, adapters: list[str | None]) -> dict[str, list[str]]:
         """peft's ``adapter_names`` keyword for rows of ``adapters``, or nothing when no row names one
@@ -323,7 +336,7 @@ class Scheduler:
             mask_BT[i, past - own : past] = 1
             mask_BT[i, past + length - len(suffix) :] = 1
             position_ids_BS[i, length - len(suffix) :] = torch.arange(n, n + len(suffix))
-        cache = new_cache(self.model.config.get_text_config().num_hidden_layers)
+        cache = new_cache(self.model.config.get_text_config().num_hidden_layers, self.kv_dtype)
         if past:
             owns = [None if entry is None else entry.kv for entry in reused]
             for layer_index, layer in enumerate(cache.layers):
@@ -332,7 +345,7 @@ class Scheduler:
                 )
                 layer.set(keys, values, right=past + length)
         blocks_plan = cascade.block_plan(blocks, self._stacks, self.model.dtype)
-        plan = None if blocks_plan is None else cascade.CascadePlan(blocks=blocks_plan)
+        plan = self._plan(blocks_plan, None)
         logits_BV = self._forward(
             ids_BS.to(self.device),
             mask_BT.to(self.device),
@@ -385,8 +398,9 @@ class Scheduler:
         batch.mask_BT = torch.cat([batch.mask_BT, batch.mask_BT.new_ones(len(batch.rows), 1)], dim=1)
         plan = None
         if self.cascade_attention:
-            blocks, window = batch.block_plan(self._stacks, self.model.dtype), batch.window()
-            plan = None if blocks is None and window is None else cascade.CascadePlan(blocks, window)
+            plan = self._plan(batch.block_plan(self._stacks, self.model.dtype), batch.window())
+        elif self.kv_dtype is not None:
+            plan = self._plan(None, None)
         rowwise = None
         if self.batch_invariant:
             spans = batch.mask_BT.sum(dim=1).tolist()

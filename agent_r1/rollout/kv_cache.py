@@ -44,8 +44,9 @@ class GrowingLayer(DynamicLayer):
     before the view covers it (padding with zeros), so a masked slot never holds a non-finite value.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        self.kv_dtype = dtype  # what the buffers hold (None: what the model writes)
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
         self._rows = self._start = self._end = 0
@@ -53,6 +54,8 @@ class GrowingLayer(DynamicLayer):
     def set(self, keys: torch.Tensor, values: torch.Tensor, *, rows: int = 0, left: int = 0, right: int = 0):
         """Hold exactly ``keys`` / ``values`` (B, H, T, D), with room for ``rows`` rows in all and
         ``left`` / ``right`` more positions."""
+        if self.kv_dtype is not None:
+            keys, values = keys.to(self.kv_dtype), values.to(self.kv_dtype)
         batch, heads, length, _ = keys.shape
         rows, columns = max(rows, batch), left + length + right
         self._key_buffer = _uninitialised(keys, rows, heads, columns, keys.shape[-1])
@@ -138,10 +141,11 @@ def _uninitialised(like: torch.Tensor, *shape: int) -> torch.Tensor:
     return like.new_empty(0).set_(storage, 0, shape)
 
 
-def new_cache(num_layers: int) -> DynamicCache:
-    """An empty cache of ``num_layers`` ``GrowingLayer`` s."""
+def new_cache(num_layers: int, dtype: torch.dtype | None = None) -> DynamicCache:
+    """An empty cache of ``num_layers`` ``GrowingLayer`` s, holding keys and values in ``dtype``
+    (None: the type the model computes them in)."""
     cache = DynamicCache()
-    cache.layers = [GrowingLayer() for _ in range(num_layers)]
+    cache.layers = [GrowingLayer(dtype) for _ in range(num_layers)]
     return cache
 
 

@@ -28,9 +28,11 @@ model's shapes before it relies on it (``batch_invariant.matmuls_invariant``).
 **A narrower compute type** (``PackedLinears(model, dtype=torch.bfloat16)``, the engine's
 ``compute_dtype``): each packed weight is a bf16 copy (or fp16), packed once per version as above, and
 a packed layer rounds its input to that type, multiplies in it (oneDNN's avx512_bf16 / AMX kernels,
-fp32 accumulation) and returns fp32. Everything between the linears (norms, rotary embeddings,
-attention, the residual stream, the softmax and sampling) stays fp32, as do the parameters themselves
-(the learner's, when the engine shares its model): only the products the hardware speeds up narrow.
+fp32 accumulation) and returns fp32. Everything between the linears (norms, rotary embeddings, the
+residual stream, the softmax and sampling) stays fp32, as do the parameters themselves (the
+learner's, when the engine shares its model): only the products the hardware speeds up narrow. (The
+engine's KV cache and attention narrow with it, ``HFEngine(narrow_attention=True)``: that is the
+engine's, not this module's.)
 The LM head stays fp32 unless ``narrow_head``: oneDNN writes a bf16 product in bf16, so its logits
 would carry bf16's rounding (~0.03 on a logit of 10) straight into the sampled distribution. On a GPU
 nothing is packed; ``active`` runs the forwards under ``torch.autocast`` in the narrower type.

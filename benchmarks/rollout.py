@@ -17,8 +17,9 @@ rows named with the type (``HFEngine fp32``, ``HFEngine bf16``); the model's par
 - ``HFEngine`` (``agent_r1.rollout.hf``): all B trajectories call ``generate`` concurrently; the
   engine batches their decode steps and reuses each trajectory's prefix across turns. At a narrower
   type, its ``compute_dtype``: the packed linear layers in bf16 / fp16 copies (input rounded, result
-  fp32), the LM head and the rest fp32 (issue 63). Column "computes in" is the engine's effective
-  ``compute_dtype``: fp32 where no layer is large enough to pack (the tiny model), whatever was asked;
+  fp32), the KV cache in it and a decode step's attention in it, the LM head and the rest fp32 (issue
+  63). Column "computes in" is the engine's effective ``compute_dtype`` and, when it differs, its KV
+  cache's type (``kv_dtype``): fp32 where no layer is large enough to pack (the tiny model), whatever was asked;
   an engine this CPU cannot run at a type (no oneDNN kernel for it) is listed as refused, with why.
 - ``VLLMEngine`` (``agent_r1.rollout.vllm_engine``, vLLM's CPU build, when ``.venv-vllm`` exists):
   the same prompts in a subprocess of that environment, one per type (vLLM's own ``dtype``; prefix
@@ -505,6 +506,8 @@ def measure_model(name: str, args, limits: dict, workdir: Path) -> dict:
                 result["refused"][row] = str(error)
                 continue
             computes_in[row] = str(engine.compute_dtype).removeprefix("torch.")
+            if engine.kv_dtype not in (None, engine.compute_dtype):
+                computes_in[row] += f", KV {str(engine.kv_dtype).removeprefix('torch.')}"
             hf_rollout(engine, warmup, user_ids, 1, 4)
             before = engine.prefill_seconds, engine.decode_seconds, engine.decode_steps
             timings[batch, row] = timed_rollout(

@@ -173,8 +173,9 @@ class HFEngine:
     ``narrow_attention`` (default on): with a narrower ``compute_dtype`` on the CPU, the KV cache
     holds keys and values in it, and a decode step attends in it (``agent_r1.rollout.cascade``: its
     scores in it too, the softmax fp32; a prefill in fp32 over the narrow keys), as vLLM's do;
-    ``self.kv_dtype`` says what the cache holds. Off, or for models whose attention is more than
-    plain softmax, or in the batch-invariant mode, attention stays fp32.
+    ``self.kv_dtype`` says what the cache holds (on a GPU None: what autocast's forward writes). Off,
+    or for models whose attention is more than plain softmax, or in the batch-invariant mode,
+    attention stays fp32.
 
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the
@@ -260,10 +261,8 @@ class HFEngine:
             and not batch_invariant
         ):
             kv_dtype = self.compute_dtype
-        if self.device.type != "cpu":
-            self.kv_dtype = self.compute_dtype  # (autocast's)
-        else:
-            self.kv_dtype = parameters if kv_dtype is None else kv_dtype
+        # what the cache holds; on a GPU, whatever the model's forward under autocast writes (None)
+        self.kv_dtype = (parameters if kv_dtype is None else kv_dtype) if self.device.type == "cpu" else None
         if self.cascade_attention or kv_dtype is not None:
             cascade.install()
         self.prefill_seconds = 0.0

@@ -396,11 +396,10 @@ class Scheduler:
             [[r.num_tokens - 1 if r else 0] for r in batch.rows], device=self.device
         )
         batch.mask_BT = torch.cat([batch.mask_BT, batch.mask_BT.new_ones(len(batch.rows), 1)], dim=1)
-        plan = None
+        blocks = window = None
         if self.cascade_attention:
-            plan = self._plan(batch.block_plan(self._stacks, self.model.dtype), batch.window())
-        elif self.kv_dtype is not None:
-            plan = self._plan(None, None)
+            blocks, window = batch.block_plan(self._stacks, self.model.dtype), batch.window()
+        plan = self._plan(blocks, window)
         rowwise = None
         if self.batch_invariant:
             spans = batch.mask_BT.sum(dim=1).tolist()

@@ -5,7 +5,8 @@ step writes one column in place and a joining row is written into a free row; ``
 scheduler's batch: which request sits in which cache row, the mask over the cache's columns, and the
 shared prompt block (``agent_r1.rollout.cascade``) each row extends. Rows sit left-padded; padding is
 masked out and positions are explicit, so a row's log-probs equal an unpadded forward over its own
-tokens.
+tokens. A cache made with a ``dtype`` (``new_cache``: the engine's bf16 sampler on the CPU) holds
+its keys and values in it, whatever the model writes.
 
 Deviation from vLLM: no paged attention; the batch cache is re-laid when a joining row does not
 fit its buffers (a copy of the live KV, cheap next to a decode step for models that fit a CPU or one

@@ -263,7 +263,7 @@ def test_a_bf16_engine_holds_its_kv_in_bf16_through_blocks_windows_and_turns():
     learner is what ``mismatch/*`` reports)."""
     torch.manual_seed(0)
     model = build_tiny_model(300, hidden_size=512, num_layers=2, intermediate_size=1024).eval()
-    engine = PlanSpyEngine(model, eos_token_ids=(), compute_dtype=torch.bfloat16)
+    engine = PlanSpyEngine(model, eos_token_ids=(), compute_dtype=torch.bfloat16, narrow_attention=True)
     assert engine.kv_dtype == torch.bfloat16
     layers = []
     forward = engine._scheduler._forward

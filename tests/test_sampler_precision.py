@@ -67,11 +67,11 @@ def test_the_engine_reports_the_type_it_computes_in():
     assert HFEngine(big).compute_dtype == torch.float32
     # the quickstart's tiny model packs nothing: its sampler stays fp32 whatever is asked
     assert HFEngine(build_tiny_model(300), compute_dtype=BF16).compute_dtype == torch.float32
-    # the KV cache and attention narrow with the linears, unless asked not to or batch-invariant
-    assert HFEngine(big, compute_dtype=BF16).kv_dtype == BF16
-    assert HFEngine(big, compute_dtype=BF16, narrow_attention=False).kv_dtype == torch.float32
-    assert HFEngine(big).kv_dtype == torch.float32
-    assert HFEngine(build_tiny_model(300), compute_dtype=BF16).kv_dtype == torch.float32
+    # the KV cache and attention narrow with the linears where asked (not in the batch-invariant mode)
+    assert HFEngine(big, compute_dtype=BF16, narrow_attention=True).kv_dtype == BF16
+    assert HFEngine(big, compute_dtype=BF16).kv_dtype == torch.float32
+    assert HFEngine(big, narrow_attention=True).kv_dtype == torch.float32
+    assert HFEngine(build_tiny_model(300), compute_dtype=BF16, narrow_attention=True).kv_dtype == torch.float32
     with pytest.raises(ValueError, match="packed_linears is off"):
         HFEngine(big, compute_dtype=BF16, packed_linears=False)
 

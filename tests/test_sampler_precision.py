@@ -71,7 +71,9 @@ def test_the_engine_reports_the_type_it_computes_in():
     assert HFEngine(big, compute_dtype=BF16, narrow_attention=True).kv_dtype == BF16
     assert HFEngine(big, compute_dtype=BF16).kv_dtype == torch.float32
     assert HFEngine(big, narrow_attention=True).kv_dtype == torch.float32
-    assert HFEngine(build_tiny_model(300), compute_dtype=BF16, narrow_attention=True).kv_dtype == torch.float32
+    assert (
+        HFEngine(build_tiny_model(300), compute_dtype=BF16, narrow_attention=True).kv_dtype == torch.float32
+    )
     with pytest.raises(ValueError, match="packed_linears is off"):
         HFEngine(big, compute_dtype=BF16, packed_linears=False)
 

@@ -210,11 +210,13 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: fl
     a row has many queries per KV head (a prefill's), over its keys and values widened to fp32: the
     flash kernel ran ~1.3x slower in bf16 than in fp32 at SmolLM2's prefill shapes. A decode step's
     few queries (at most ``NARROW_PRODUCT_QUERIES``) take the two batched products below in the
-    narrow type instead: there the flash kernel ran 4-5x slower than oneDNN's bf16 products (32 rows
-    x 3 KV heads x 3 queries x 300 keys: ~2.7 ms against ~0.6 ms at one thread). The products write
-    their scores in the narrow type (bf16 keeps 8 significant bits), then the softmax runs in fp32.
-    The cache's keys are a view with spare columns, which the products would copy through a
-    transposing copy per call: one plain copy first is several times cheaper."""
+    narrow type instead: on contiguous keys the flash kernel ran 4-5x slower than oneDNN's bf16
+    products (32 rows x 3 KV heads x 3 queries x 300 keys: ~2.7 ms against ~0.6 ms at one thread).
+    The products write their scores in the narrow type (bf16 keeps 8 significant bits), then the
+    softmax runs in fp32. The cache's keys are a view with spare columns, which the products would
+    copy through a transposing copy per call: one plain copy first is several times cheaper, but it
+    is still a copy of the layer's cache (why ``HFEngine(narrow_attention=...)`` is off by
+    default)."""
     if query.device.type == "cpu":
         if query.dtype == torch.float32 or query.shape[2] > NARROW_PRODUCT_QUERIES:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(

@@ -175,10 +175,10 @@ class HFEngine:
     scores in it too, the softmax fp32; a prefill in fp32 over the narrow keys), as vLLM's do. Off
     by default: on the 2-core AMD host at 2 threads a SmolLM2 decode step at 32 rows and ~400
     positions took 170-218 ms with it against 157-167 without (the bf16 products need the cache's
-    strided view copied first), though at 1 thread its attention was the faster (docs/precision.md);
-    ``self.kv_dtype`` says what the cache holds (on a GPU None: what autocast's forward writes). Off,
-    or for models whose attention is more than plain softmax, or in the batch-invariant mode,
-    attention stays fp32.
+    strided view copied first), though at 1 thread its attention was the faster (docs/precision.md).
+    For models whose attention is more than plain softmax, and in the batch-invariant mode, the
+    cache stays fp32 whatever is asked; ``self.kv_dtype`` says what it holds (on a GPU None: what
+    autocast's forward writes).
 
     ``prefill_seconds`` / ``decode_seconds``: the scheduler's seconds so far prefilling joining
     prompts, and decoding (one step of every live row, sampling and retiring rows included); the

@@ -257,7 +257,7 @@ def test_an_engine_kwarg_the_engine_does_not_take(tiny_checkpoint, tmp_path, cap
     assert (
         f"agent-r1 {command}: config key 'rollout.engine_kwargs.gpu_memory_utilization': not an argument "
         "of rollout.engine 'hf', which takes ['batch_invariant', 'cascade_attention', 'eos_token_ids', "
-        "'max_context', 'narrow_head', 'packed_linears', 'prefix_cache_entries']"
+        "'max_context', 'narrow_attention', 'narrow_head', 'packed_linears', 'prefix_cache_entries']"
     ) in printed
     assert "Traceback" not in printed and "TypeError" not in printed
 

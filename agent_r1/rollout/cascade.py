@@ -202,11 +202,15 @@ def choose_window(spans: Sequence[int]) -> tuple[int, list[int]] | None:
     return best
 
 
-def _attend(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: float) -> tuple[Tensor, Tensor]:
+def _attend(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: float, narrow: bool = False
+) -> tuple[Tensor, Tensor]:
     """Softmax attention with its log-sum-exp: query (N, KV, Q, D) against key / value (N, KV, K, D)
     under an additive ``mask`` broadcast to (N, KV, Q, K); -> output (N, KV, Q, D), lse (N, KV, Q).
 
-    On the CPU, PyTorch's flash kernel in fp32. A narrow KV cache (bf16) is attended there too when
+    On the CPU, PyTorch's flash kernel in the tensors' type (a model whose parameters are bf16
+    attends in bf16 there, as before). A narrow KV cache under fp32 queries (``narrow``: the engine's
+    bf16 sampler over fp32 parameters) is attended there too when
     a row has many queries per KV head (a prefill's), over its keys and values widened to fp32: the
     flash kernel ran ~1.3x slower in bf16 than in fp32 at SmolLM2's prefill shapes. A decode step's
     few queries (at most ``NARROW_PRODUCT_QUERIES``) take the two batched products below in the
@@ -218,9 +222,11 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: fl
     is still a copy of the layer's cache (why ``HFEngine(narrow_attention=...)`` is off by
     default)."""
     if query.device.type == "cpu":
-        if query.dtype == torch.float32 or query.shape[2] > NARROW_PRODUCT_QUERIES:
+        if narrow and query.shape[2] > NARROW_PRODUCT_QUERIES:
+            query, key, value = query.float(), key.float(), value.float()
+        if not narrow or query.dtype == torch.float32:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                query.float(), key.float(), value.float(), 0.0, False, attn_mask=mask, scale=scaling
+                query, key, value, 0.0, False, attn_mask=mask.to(query.dtype), scale=scaling
             )
             return out, lse.float()
         key, value = key.contiguous(), value.contiguous()
@@ -260,13 +266,15 @@ def _merge(
     return out.index_put((rows,), merged.to(out.dtype)), lse.index_put((rows,), peak + total.log())
 
 
-def _attend_blocks(query_BKQD: Tensor, plan: BlockPlan, layer: int, scaling: float) -> tuple[Tensor, Tensor]:
+def _attend_blocks(
+    query_BKQD: Tensor, plan: BlockPlan, layer: int, scaling: float, narrow: bool
+) -> tuple[Tensor, Tensor]:
     """Every block's rows' queries against the block: -> output (N, KV, Q, D), lse (N, KV, Q) for the
     rows ``plan.rows_N``."""
     _, kv_heads, Q, D = query_BKQD.shape
     NB, R = plan.index_NR.shape
     query_NKQD = query_BKQD[plan.index_NR].permute(0, 2, 1, 3, 4).reshape(NB, kv_heads, R * Q, D)
-    out, lse = _attend(query_NKQD, plan.keys[layer], plan.values[layer], plan.mask_NB11L, scaling)
+    out, lse = _attend(query_NKQD, plan.keys[layer], plan.values[layer], plan.mask_NB11L, scaling, narrow)
     out = out.reshape(NB, kv_heads, R, Q, D).permute(0, 2, 1, 3, 4)[plan.valid_NR]
     return out, lse.reshape(NB, kv_heads, R, Q).permute(0, 2, 1, 3)[plan.valid_NR]
 
@@ -296,19 +304,27 @@ def cascade_attention(
     # The query heads of one KV head stacked as that head's queries (grouped-query attention reads
     # each key once): (B, KV, G*S, D), slot g*S + s. A narrow KV cache (the engine's bf16 sampler on
     # the CPU) is attended in its type: the queries are rounded to it.
+    narrow = key.dtype != query.dtype
     query_BKQD = query.reshape(B, kv_heads, groups * S, D).to(key.dtype)
     mask = _additive_mask(attention_mask, S, T, query)
     if S > 1 and groups > 1:
         mask = mask.repeat(1, 1, groups, 1)
     window = cascade.window
     if window is None:
-        out, lse = _attend(query_BKQD, key, value, mask, scaling)
+        out, lse = _attend(query_BKQD, key, value, mask, scaling, narrow)
     else:
         recent = slice(T - window.recent, T)
-        out, lse = _attend(query_BKQD, key[:, :, recent], value[:, :, recent], mask[..., recent], scaling)
+        out, lse = _attend(
+            query_BKQD, key[:, :, recent], value[:, :, recent], mask[..., recent], scaling, narrow
+        )
         rows, older = window.rows_M, slice(T - window.width, T - window.recent)
         part = _attend(
-            query_BKQD[rows], key[rows, :, older], value[rows, :, older], mask[rows][..., older], scaling
+            query_BKQD[rows],
+            key[rows, :, older],
+            value[rows, :, older],
+            mask[rows][..., older],
+            scaling,
+            narrow,
         )
         out, lse = _merge(out, lse, rows, *part)
     if cascade.blocks is not None:
@@ -316,7 +332,7 @@ def cascade_attention(
             out,
             lse,
             cascade.blocks.rows_N,
-            *_attend_blocks(query_BKQD, cascade.blocks, module.layer_idx, scaling),
+            *_attend_blocks(query_BKQD, cascade.blocks, module.layer_idx, scaling, narrow),
         )
     return out.reshape(B, H, S, D).transpose(1, 2).to(query.dtype).contiguous(), None
 

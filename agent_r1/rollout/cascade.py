@@ -210,9 +210,9 @@ def _attend(
 
     On the CPU, PyTorch's flash kernel in the tensors' type (a model whose parameters are bf16
     attends in bf16 there, as before). A narrow KV cache under fp32 queries (``narrow``: the engine's
-    bf16 sampler over fp32 parameters) is attended there too when
-    a row has many queries per KV head (a prefill's), over its keys and values widened to fp32: the
-    flash kernel ran ~1.3x slower in bf16 than in fp32 at SmolLM2's prefill shapes. A decode step's
+    bf16 sampler over fp32 parameters) is attended there too when a row has many queries per KV head
+    (a prefill's), over its keys and values widened to fp32: the flash kernel ran ~1.3x slower in
+    bf16 than in fp32 at SmolLM2's prefill shapes. A decode step's
     few queries (at most ``NARROW_PRODUCT_QUERIES``) take the two batched products below in the
     narrow type instead: on contiguous keys the flash kernel ran 4-5x slower than oneDNN's bf16
     products (32 rows x 3 KV heads x 3 queries x 300 keys: ~2.7 ms against ~0.6 ms at one thread).
